@@ -1,0 +1,1 @@
+//! regolith-metad: one replica of the metadata service.
