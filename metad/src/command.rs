@@ -1,0 +1,118 @@
+//! Commands of the replicated state machine (design §3) and their outcomes.
+//!
+//! One Raft entry carries a [`Batch`] of commands (group commit); its response is one
+//! [`Outcome`] per command, in order. Every time a command needs is stamped into it by the
+//! leader (`*_ms` fields, wall clock): apply never reads a clock.
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{Pin, Replica, SegmentId, UnmountReason, Version};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Mounts a node's segment; apply assigns the node id (by name) and the next generation, and
+    /// drops every older generation of the node.
+    MountSegment {
+        node_name: String,
+        /// The id in the sidecar's state file (0: none); used for a name never seen before.
+        node_id_hint: u64,
+        capacity: u64,
+        data_addrs: Vec<String>,
+        now_ms: u64,
+    },
+    UnmountSegment {
+        segment: SegmentId,
+        reason: UnmountReason,
+    },
+    /// Makes a reservation an object. Apply re-checks that the key is new, the segments are
+    /// mounted and the extents free.
+    CommitPut {
+        key: String,
+        size: u64,
+        replicas: Vec<Replica>,
+        checksum: u64,
+        version: Version,
+        pin: Pin,
+        expires_ms: u64,
+    },
+    Remove {
+        keys: Vec<String>,
+    },
+    RemoveAll,
+    /// Victims chosen by the leader's eviction policy.
+    Evict {
+        keys: Vec<String>,
+    },
+    MetaPut {
+        key: String,
+        value: Vec<u8>,
+    },
+    MetaDelete {
+        key: String,
+    },
+    /// Removes objects whose TTL passed and lapses soft pins, as of `now_ms`.
+    ExpirePins {
+        now_ms: u64,
+    },
+    /// Stops placements on a segment; the leader unmounts it when empty or at the deadline.
+    DrainSegment {
+        segment: SegmentId,
+        deadline_ms: u64,
+    },
+}
+
+impl Command {
+    /// A short name for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::MountSegment { .. } => "mount_segment",
+            Command::UnmountSegment { .. } => "unmount_segment",
+            Command::CommitPut { .. } => "commit_put",
+            Command::Remove { .. } => "remove",
+            Command::RemoveAll => "remove_all",
+            Command::Evict { .. } => "evict",
+            Command::MetaPut { .. } => "meta_put",
+            Command::MetaDelete { .. } => "meta_delete",
+            Command::ExpirePins { .. } => "expire_pins",
+            Command::DrainSegment { .. } => "drain_segment",
+        }
+    }
+}
+
+/// The payload of one Raft entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Batch(pub Vec<Command>);
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Mounted {
+        node_id: u64,
+        generation: u64,
+        dropped: u64,
+    },
+    Unmounted {
+        dropped: u64,
+    },
+    Committed,
+    AlreadyExists,
+    /// Nothing changed; the reason names the key and what was wrong.
+    Conflict(String),
+    Removed(Vec<bool>),
+    RemovedAll(u64),
+    Evicted(u64),
+    Meta {
+        existed: bool,
+    },
+    Expired {
+        removed: u64,
+        unpinned: u64,
+    },
+    DrainSet,
+    /// The command named something that no longer exists (a segment already unmounted).
+    Ignored(String),
+}
+
+/// The response to one Raft entry: outcomes in command order (empty for blank and membership
+/// entries).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct BatchOutcome(pub Vec<Outcome>);

@@ -1,0 +1,50 @@
+//! The crate's error enum. Each variant names what failed and on which key, node or address.
+
+use crate::types::Version;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("key {key:?} already exists")]
+    AlreadyExists { key: String },
+    #[error("key {key:?} not found")]
+    NotFound { key: String },
+    #[error("no space for {key:?} ({size} bytes x {replicas} replicas)")]
+    NoSpace {
+        key: String,
+        size: u64,
+        replicas: u32,
+    },
+    #[error("no live segment can take {key:?}")]
+    NoSegments { key: String },
+    #[error("hard-pin quota exceeded for {key:?}: {pinned} of {limit} bytes pinned")]
+    QuotaExceeded {
+        key: String,
+        pinned: u64,
+        limit: u64,
+    },
+    #[error("reservation {version} is not known to this leader (other term, or already ended)")]
+    StaleReservation { version: Version },
+    #[error("reservation {version} expired and is quarantined")]
+    Expired { version: Version },
+    #[error("commit of reservation {version} refused at apply: {reason}")]
+    Conflict { version: Version, reason: String },
+    #[error("this replica is not the leader")]
+    NotLeader { leader: Option<(u64, String)> },
+    #[error("leader not ready: {0}")]
+    NotReady(String),
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("storage at {path}: {reason}")]
+    Storage { path: String, reason: String },
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("io on {what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}

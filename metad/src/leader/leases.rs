@@ -1,0 +1,112 @@
+//! Read leases (design §5, invariant 5). A get grants a short lease per object version in the
+//! leader's memory; extents of a removed or evicted object are reused only after the leases this
+//! leader granted on it have ended. `Exists` never grants or extends one.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::types::{Extent, SegmentId, Version};
+
+#[derive(Debug, Default)]
+pub struct Leases {
+    until: HashMap<Version, u64>,
+    /// Freed extents waiting for their object's lease to end: (end, seq) → what to free.
+    waiting: BTreeMap<(u64, u64), (SegmentId, Vec<Extent>)>,
+    seq: u64,
+}
+
+impl Leases {
+    /// Grants (or extends) a lease on `v` until `until_ms`.
+    pub fn grant(&mut self, v: Version, until_ms: u64) {
+        let e = self.until.entry(v).or_insert(0);
+        *e = (*e).max(until_ms);
+    }
+
+    pub fn active(&self, v: &Version, now_ms: u64) -> bool {
+        self.until.get(v).is_some_and(|t| *t > now_ms)
+    }
+
+    /// When `v` is leased, keeps its freed extents until the lease ends and returns None;
+    /// otherwise hands them back to be freed now.
+    pub fn hold_if_leased(
+        &mut self,
+        v: &Version,
+        seg: SegmentId,
+        extents: Vec<Extent>,
+        now_ms: u64,
+    ) -> Option<Vec<Extent>> {
+        match self.until.get(v) {
+            Some(&t) if t > now_ms => {
+                self.seq += 1;
+                self.waiting.insert((t, self.seq), (seg, extents));
+                None
+            }
+            _ => Some(extents),
+        }
+    }
+
+    /// Forgets ended leases and returns the extents whose wait is over.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<(SegmentId, Vec<Extent>)> {
+        self.until.retain(|_, t| *t > now_ms);
+        let mut out = Vec::new();
+        while let Some(entry) = self.waiting.first_entry() {
+            if entry.key().0 > now_ms {
+                break;
+            }
+            out.push(entry.remove());
+        }
+        out
+    }
+
+    /// Drops waiting extents of an unmounted segment.
+    pub fn drop_segment(&mut self, seg: &SegmentId) {
+        self.waiting.retain(|_, (s, _)| s != seg);
+    }
+
+    /// Every extent waiting for a lease to end.
+    pub fn waiting_extents(&self) -> Vec<(SegmentId, Extent)> {
+        self.waiting
+            .values()
+            .flat_map(|(s, es)| es.iter().map(move |e| (*s, *e)))
+            .collect()
+    }
+
+    pub fn waiting_on(&self, seg: &SegmentId) -> bool {
+        self.waiting.values().any(|(s, _)| s == seg)
+    }
+
+    pub fn len(&self) -> usize {
+        self.until.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.until.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leased_extents_wait_for_the_lease() {
+        let mut l = Leases::default();
+        let v = Version { term: 1, id: 1 };
+        let seg = SegmentId {
+            node: 1,
+            generation: 1,
+        };
+        l.grant(v, 100);
+        assert!(l.active(&v, 50));
+        assert!(l
+            .hold_if_leased(&v, seg, vec![Extent::new(0, 64)], 50)
+            .is_none());
+        assert!(l.expire(99).is_empty());
+        assert_eq!(l.expire(100), vec![(seg, vec![Extent::new(0, 64)])]);
+        assert!(!l.active(&v, 100));
+        let other = Version { term: 1, id: 2 };
+        assert_eq!(
+            l.hold_if_leased(&other, seg, vec![Extent::new(64, 64)], 0),
+            Some(vec![Extent::new(64, 64)])
+        );
+    }
+}

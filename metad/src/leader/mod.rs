@@ -1,0 +1,637 @@
+//! Leader-only logic (design §4–6), all in the leader's memory and all sans-I/O: every method
+//! takes the time it needs as an argument.
+//!
+//! * [`shadow`] — free space minus reservations and lease holds.
+//! * [`reservations`] — `(term, id)` reservations, expiry, quarantine, adoption.
+//! * [`leases`] — read leases and the extents waiting for them.
+//! * [`placement`] — which segments a put goes to.
+//! * [`eviction`] — approximate-LRU victim choice.
+//! * [`liveness`] — heartbeat timers and dead-node declarations.
+
+pub mod eviction;
+pub mod leases;
+pub mod liveness;
+pub mod placement;
+pub mod reservations;
+pub mod shadow;
+
+use std::collections::{BTreeSet, HashSet};
+
+use crate::command::Command;
+use crate::config::{CacheConfig, Now};
+use crate::error::{Error, Result};
+use crate::state::{Effect, StateMachine};
+use crate::types::{Extent, NodeId, Pin, Replica, SegmentId, SegmentState, UnmountReason, Version};
+
+use leases::Leases;
+use liveness::Liveness;
+use reservations::{ResState, Reservation, Reservations};
+use shadow::Shadow;
+
+/// Pin asked for by a put.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub enum PinKind {
+    #[default]
+    None,
+    Soft,
+    Hard,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct PutRequest {
+    pub key: String,
+    pub size: u64,
+    pub replicas: u32,
+    pub preferred: Vec<String>,
+    pub prefer_local: bool,
+    pub pin: PinKind,
+    pub soft_pin_ttl_ms: u64,
+    pub ttl_ms: u64,
+    pub requester: NodeId,
+}
+
+/// A replica with what a reader or writer needs to reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlacedReplica {
+    pub segment: SegmentId,
+    pub node_name: String,
+    pub data_addrs: Vec<String>,
+    pub extents: Vec<Extent>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Reserved {
+    pub version: Version,
+    pub key: String,
+    pub size: u64,
+    pub replicas: Vec<PlacedReplica>,
+    pub expires_in_ms: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Placement {
+    pub key: String,
+    pub size: u64,
+    pub checksum: u64,
+    pub version: Version,
+    pub replicas: Vec<PlacedReplica>,
+    pub lease_ms: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Heartbeat {
+    pub segment: SegmentId,
+    pub highest_term_seen: u64,
+    pub in_flight: Vec<(Version, Vec<Extent>)>,
+    pub released: Vec<Version>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeartbeatReply {
+    pub remount: bool,
+    pub quarantined: Vec<Version>,
+    pub draining: bool,
+}
+
+/// What a commit turned into.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CommitStep {
+    /// Replicate this command.
+    Propose(Command),
+    /// The same commit already succeeded (a re-sent request).
+    AlreadyCommitted,
+}
+
+/// Retry interval for proposals that did not come back applied.
+const REPROPOSE_MS: u64 = 3_000;
+
+#[derive(Debug)]
+pub struct Leader {
+    pub term: u64,
+    cfg: CacheConfig,
+    shadow: Shadow,
+    res: Reservations,
+    leases: Leases,
+    live: Liveness,
+    evict_cursor: String,
+    /// Keys in an `Evict` proposal not yet applied, and when it was made.
+    evicting: HashSet<String>,
+    evict_proposed_ms: u64,
+    expire_proposed_ms: Option<u64>,
+    drain_proposed: BTreeSet<SegmentId>,
+}
+
+impl Leader {
+    /// Starts leading `term`. Call only once this leader has applied its term's first entry, so
+    /// the state machine holds everything committed before the term.
+    pub fn start(term: u64, cfg: CacheConfig, sm: &mut StateMachine, now: Now) -> Self {
+        // Access times live in leader memory only: start every object as just used.
+        let access = access_s(now);
+        for o in sm.objects_mut() {
+            o.access_s = access;
+        }
+        Self {
+            term,
+            cfg,
+            shadow: Shadow::build(sm),
+            res: Reservations::default(),
+            leases: Leases::default(),
+            live: Liveness::start(now.mono_ms),
+            evict_cursor: String::new(),
+            evicting: HashSet::new(),
+            evict_proposed_ms: 0,
+            expire_proposed_ms: None,
+            drain_proposed: BTreeSet::new(),
+        }
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        &self.cfg
+    }
+
+    pub fn shadow(&self) -> &Shadow {
+        &self.shadow
+    }
+
+    pub fn reservations(&self) -> &Reservations {
+        &self.res
+    }
+
+    pub fn leases(&self) -> &Leases {
+        &self.leases
+    }
+
+    pub fn silence_ms(&self, seg: &SegmentId, now: Now) -> u64 {
+        self.live.silence_ms(seg, now.mono_ms)
+    }
+
+    fn alive(&self, seg: &SegmentId, now: Now) -> bool {
+        self.live.silence_ms(seg, now.mono_ms) <= self.cfg.node_ttl_ms
+    }
+
+    // ------------------------------------------------------------------ writes
+
+    /// Validates a key (non-empty, bounded, no NUL).
+    pub fn check_key(&self, key: &str) -> Result<()> {
+        if key.is_empty() {
+            return Err(Error::InvalidArgument("empty key".into()));
+        }
+        if key.len() > self.cfg.max_key_len {
+            return Err(Error::InvalidArgument(format!(
+                "key of {} bytes is longer than the limit of {} (starts {:?})",
+                key.len(),
+                self.cfg.max_key_len,
+                &key[..key
+                    .char_indices()
+                    .nth(32)
+                    .map(|(i, _)| i)
+                    .unwrap_or(key.len())]
+            )));
+        }
+        if key.contains('\0') {
+            return Err(Error::InvalidArgument(format!(
+                "key {key:?} contains a NUL byte"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Picks extents for a put and holds them, without a Raft round (design §4 step 2).
+    pub fn reserve(&mut self, sm: &StateMachine, req: &PutRequest, now: Now) -> Result<Reserved> {
+        self.check_key(&req.key)?;
+        let replicas = req.replicas.max(1);
+        if replicas > self.cfg.max_replicas {
+            return Err(Error::InvalidArgument(format!(
+                "{replicas} replicas asked for {:?}; at most {}",
+                req.key, self.cfg.max_replicas
+            )));
+        }
+        if req.size == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "zero-size put of {:?}",
+                req.key
+            )));
+        }
+        let largest = self
+            .shadow
+            .segments()
+            .map(|(_, s)| s.alloc.capacity())
+            .max()
+            .unwrap_or(0);
+        if req.size > largest {
+            return Err(Error::InvalidArgument(format!(
+                "put of {:?}: {} bytes is larger than any segment ({largest} bytes)",
+                req.key, req.size
+            )));
+        }
+        if sm.contains(&req.key) || self.res.key_reserved(&req.key) {
+            return Err(Error::AlreadyExists {
+                key: req.key.clone(),
+            });
+        }
+        if req.pin == PinKind::Hard {
+            self.check_hard_pin_quota(sm, &req.key, req.size * replicas as u64)?;
+        }
+        let order = placement::candidates(
+            sm,
+            &self.shadow,
+            req.requester,
+            req.prefer_local,
+            &req.preferred,
+            |s| self.alive(s, now),
+        );
+        if order.is_empty() {
+            return Err(Error::NoSegments {
+                key: req.key.clone(),
+            });
+        }
+        let distinct_nodes = order.iter().map(|s| s.node).collect::<BTreeSet<_>>().len();
+        let count = (replicas as usize).min(distinct_nodes);
+        let Some(placed) = placement::allocate(
+            &mut self.shadow,
+            &order,
+            req.size,
+            count,
+            self.cfg.max_extents_per_replica,
+        ) else {
+            return Err(Error::NoSpace {
+                key: req.key.clone(),
+                size: req.size,
+                replicas,
+            });
+        };
+        let version = self.res.next_version(self.term);
+        let pin = match req.pin {
+            PinKind::None => Pin::None,
+            PinKind::Hard => Pin::Hard,
+            PinKind::Soft => Pin::Soft { until_ms: 0 },
+        };
+        self.res.insert(Reservation {
+            version,
+            key: req.key.clone(),
+            size: req.size,
+            replicas: placed.clone(),
+            pin,
+            ttl_ms: req.ttl_ms,
+            soft_pin_ttl_ms: if req.soft_pin_ttl_ms == 0 {
+                self.cfg.soft_pin_ttl_ms
+            } else {
+                req.soft_pin_ttl_ms
+            },
+            deadline_ms: now.mono_ms + self.cfg.put_timeout_ms,
+            state: ResState::Live,
+        });
+        Ok(Reserved {
+            version,
+            key: req.key.clone(),
+            size: req.size,
+            replicas: placed.iter().map(|r| placed_replica(sm, r)).collect(),
+            expires_in_ms: self.cfg.put_timeout_ms,
+        })
+    }
+
+    fn check_hard_pin_quota(&self, sm: &StateMachine, key: &str, bytes: u64) -> Result<()> {
+        let (total, _) = self.shadow.usage();
+        let limit = (total as f64 * self.cfg.hard_pin_max_ratio) as u64;
+        let pinned = sm.hard_pinned_bytes() + self.res.hard_pinned_bytes();
+        if pinned + bytes > limit {
+            return Err(Error::QuotaExceeded {
+                key: key.to_string(),
+                pinned,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Turns a live reservation into its `CommitPut` (design §4 step 4).
+    pub fn commit(&mut self, version: Version, checksum: u64, now: Now) -> Result<CommitStep> {
+        if version.term != self.term {
+            return Err(Error::StaleReservation { version });
+        }
+        if self.res.recently_committed(&version) {
+            return Ok(CommitStep::AlreadyCommitted);
+        }
+        let Some(r) = self.res.get_mut(&version) else {
+            return Err(Error::StaleReservation { version });
+        };
+        match r.state {
+            ResState::Quarantined => return Err(Error::Expired { version }),
+            ResState::Committing => {
+                return Err(Error::InvalidArgument(format!(
+                    "reservation {version} is already being committed"
+                )))
+            }
+            ResState::Live if now.mono_ms > r.deadline_ms => {
+                self.res.quarantine(&version);
+                return Err(Error::Expired { version });
+            }
+            ResState::Live => {}
+        }
+        r.state = ResState::Committing;
+        let pin = match r.pin {
+            Pin::Soft { .. } => Pin::Soft {
+                until_ms: now.wall_ms + r.soft_pin_ttl_ms,
+            },
+            p => p,
+        };
+        Ok(CommitStep::Propose(Command::CommitPut {
+            key: r.key.clone(),
+            size: r.size,
+            replicas: r.replicas.clone(),
+            checksum,
+            version,
+            pin,
+            expires_ms: if r.ttl_ms == 0 {
+                0
+            } else {
+                now.wall_ms + r.ttl_ms
+            },
+        }))
+    }
+
+    /// The proposal of a commit failed (timeout, lost leadership): it may still be applied later,
+    /// so its extents stay held as quarantined; an apply would end the quarantine.
+    pub fn commit_failed(&mut self, version: Version) {
+        if self
+            .res
+            .get(&version)
+            .is_some_and(|r| r.state == ResState::Committing)
+        {
+            self.res.quarantine(&version);
+        }
+    }
+
+    /// The writer gave up: its extents are quarantined until the owners release them (slices may
+    /// still be in flight towards them).
+    pub fn abort(&mut self, versions: &[Version]) {
+        for v in versions {
+            if v.term == self.term && self.res.get(v).is_some_and(|r| r.state == ResState::Live) {
+                self.res.quarantine(v);
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ heartbeats
+
+    /// A sidecar's heartbeat: restarts its timer; the first one to this leader adopts the
+    /// reservations it still has in flight and makes the segment ready for placements.
+    pub fn heartbeat(&mut self, sm: &StateMachine, hb: &Heartbeat, now: Now) -> HeartbeatReply {
+        let Some(seg) = sm.segment(&hb.segment) else {
+            return HeartbeatReply {
+                remount: true,
+                ..Default::default()
+            };
+        };
+        self.live.heard(hb.segment, now.mono_ms);
+        let first = self.shadow.get(&hb.segment).is_some_and(|s| !s.ready);
+        if first {
+            for (v, extents) in &hb.in_flight {
+                if v.term == self.term && self.res.get(v).is_some() {
+                    continue;
+                }
+                let mut held = Vec::new();
+                for e in extents {
+                    held.extend(self.shadow.take_overlapping(&hb.segment, e));
+                }
+                tracing::info!(segment = %hb.segment, version = %v, extents = held.len(), "adopted in-flight reservation as quarantined");
+                self.res.adopt(*v, hb.segment, held);
+            }
+            self.shadow.set_ready(&hb.segment);
+        }
+        for v in &hb.released {
+            let extents = self.res.release(v, &hb.segment);
+            self.shadow.free(&hb.segment, &extents);
+        }
+        HeartbeatReply {
+            remount: false,
+            quarantined: self.res.quarantined_on(&hb.segment),
+            draining: matches!(seg.state, SegmentState::Draining { .. }),
+        }
+    }
+
+    // ------------------------------------------------------------------ reads
+
+    /// Placements for a get, granting a read lease on each object found.
+    pub fn get(
+        &mut self,
+        sm: &mut StateMachine,
+        keys: &[String],
+        requester: NodeId,
+        now: Now,
+    ) -> Vec<Option<Placement>> {
+        let until = now.mono_ms + self.cfg.lease_ttl_ms;
+        let access = access_s(now);
+        keys.iter()
+            .map(|k| {
+                let obj = sm.object_mut(k)?;
+                obj.access_s = access;
+                let obj = obj.clone();
+                self.leases.grant(obj.version, until);
+                let mut replicas: Vec<PlacedReplica> =
+                    obj.replicas.iter().map(|r| placed_replica(sm, r)).collect();
+                // The requester's own replica first, then the ones heard from most recently.
+                replicas.sort_by_key(|r| {
+                    (
+                        r.segment.node != requester,
+                        self.live.silence_ms(&r.segment, now.mono_ms),
+                    )
+                });
+                Some(Placement {
+                    key: k.clone(),
+                    size: obj.size,
+                    checksum: obj.checksum,
+                    version: obj.version,
+                    replicas,
+                    lease_ms: self.cfg.lease_ttl_ms,
+                })
+            })
+            .collect()
+    }
+
+    // ------------------------------------------------------------------ applies
+
+    /// Follows one apply's effects.
+    pub fn on_effect(&mut self, sm: &mut StateMachine, fx: &Effect, now: Now) {
+        match fx {
+            Effect::Committed { version, key } => {
+                if let Some(o) = sm.object_mut(key) {
+                    o.access_s = access_s(now);
+                }
+                self.res.remove(version);
+                self.res
+                    .remember_commit(*version, now.mono_ms + self.cfg.put_timeout_ms);
+            }
+            Effect::CommitRejected { version } => {
+                if let Some(r) = self.res.remove(version) {
+                    for rep in &r.replicas {
+                        self.shadow.free(&rep.segment, &rep.extents);
+                    }
+                }
+            }
+            Effect::Freed {
+                segment,
+                version,
+                extents,
+            } => {
+                if let Some(ex) =
+                    self.leases
+                        .hold_if_leased(version, *segment, extents.clone(), now.mono_ms)
+                {
+                    self.shadow.free(segment, &ex);
+                }
+            }
+            Effect::Mounted { segment } => {
+                let cap = sm.segment(segment).map(|s| s.capacity).unwrap_or(0);
+                // Mounted in this term: a fresh generation has no earlier in-flight writes.
+                self.shadow.add_segment(*segment, cap, true);
+                self.live.heard(*segment, now.mono_ms);
+            }
+            Effect::Unmounted { segment } => {
+                self.shadow.remove_segment(segment);
+                self.res.drop_segment(segment);
+                self.leases.drop_segment(segment);
+                self.live.forget(segment);
+                self.drain_proposed.remove(segment);
+            }
+        }
+    }
+
+    /// Notes that a proposal of this leader's was applied (clears its in-flight marker).
+    pub fn on_applied_command(&mut self, cmd: &Command, sm: &StateMachine) {
+        match cmd {
+            Command::Evict { keys } => {
+                for k in keys {
+                    self.evicting.remove(k);
+                }
+            }
+            Command::ExpirePins { .. } => self.expire_proposed_ms = None,
+            Command::DrainSegment { segment, .. } => {
+                if sm.segment(segment).is_some() {
+                    self.shadow.set_draining(segment);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Periodic work; returns the commands to propose.
+    pub fn tick(&mut self, sm: &StateMachine, now: Now, lease_ok: bool) -> Vec<Command> {
+        let mut out = Vec::new();
+        self.res.expire(now.mono_ms, self.cfg.put_timeout_ms);
+        self.res.forget_old_commits(now.mono_ms);
+        for (seg, extents) in self.leases.expire(now.mono_ms) {
+            self.shadow.free(&seg, &extents);
+        }
+        self.live.observe_lease(lease_ok, now.mono_ms);
+        let mounted: BTreeSet<SegmentId> = sm.segments().map(|s| s.id).collect();
+        for seg in self
+            .live
+            .due(&mounted, now.mono_ms, self.cfg.node_ttl_ms, REPROPOSE_MS)
+        {
+            tracing::warn!(segment = %seg, ttl_ms = self.cfg.node_ttl_ms, "no heartbeat within node_ttl: declaring the node dead");
+            out.push(Command::UnmountSegment {
+                segment: seg,
+                reason: UnmountReason::Dead,
+            });
+        }
+        out.extend(self.drains_done(sm, now));
+        if let Some(c) = self.expiry_due(sm, now) {
+            out.push(c);
+        }
+        if let Some(c) = self.eviction_due(sm, now, 0) {
+            out.push(c);
+        }
+        out
+    }
+
+    fn drains_done(&mut self, sm: &StateMachine, now: Now) -> Vec<Command> {
+        let mut out = Vec::new();
+        for s in sm.segments() {
+            let SegmentState::Draining { deadline_ms } = s.state else {
+                continue;
+            };
+            let empty =
+                s.objects == 0 && !self.res.holds_on(&s.id) && !self.leases.waiting_on(&s.id);
+            if (empty || now.wall_ms >= deadline_ms) && self.drain_proposed.insert(s.id) {
+                out.push(Command::UnmountSegment {
+                    segment: s.id,
+                    reason: UnmountReason::Graceful,
+                });
+            }
+        }
+        out
+    }
+
+    fn expiry_due(&mut self, sm: &StateMachine, now: Now) -> Option<Command> {
+        let next = sm.next_expiry()?;
+        if next > now.wall_ms {
+            return None;
+        }
+        if self
+            .expire_proposed_ms
+            .is_some_and(|t| now.mono_ms < t + REPROPOSE_MS)
+        {
+            return None;
+        }
+        self.expire_proposed_ms = Some(now.mono_ms);
+        Some(Command::ExpirePins {
+            now_ms: now.wall_ms,
+        })
+    }
+
+    /// An `Evict` batch when usage is above the high watermark, or when `extra` more bytes are
+    /// needed (a reservation found no space).
+    pub fn eviction_due(&mut self, sm: &StateMachine, now: Now, extra: u64) -> Option<Command> {
+        if !self.evicting.is_empty() && now.mono_ms < self.evict_proposed_ms + REPROPOSE_MS {
+            return None;
+        }
+        self.evicting.clear();
+        let (total, free) = self.shadow.usage();
+        if total == 0 {
+            return None;
+        }
+        let used = total - free;
+        let high = (total as f64 * self.cfg.eviction_high_watermark) as u64;
+        let target =
+            (total as f64 * (self.cfg.eviction_high_watermark - self.cfg.eviction_ratio)) as u64;
+        let need = if used > high { used - target } else { 0 }.max(extra);
+        if need == 0 {
+            return None;
+        }
+        let leases = &self.leases;
+        let now_ms = now.mono_ms;
+        let p = eviction::plan(sm, &self.evict_cursor, need, &self.evicting, |_, o| {
+            leases.active(&o.version, now_ms)
+        });
+        self.evict_cursor = p.cursor;
+        if p.keys.is_empty() {
+            return None;
+        }
+        tracing::info!(
+            victims = p.keys.len(),
+            bytes = p.bytes,
+            used,
+            total,
+            "evicting"
+        );
+        self.evicting.extend(p.keys.iter().cloned());
+        self.evict_proposed_ms = now.mono_ms;
+        Some(Command::Evict { keys: p.keys })
+    }
+}
+
+fn placed_replica(sm: &StateMachine, r: &Replica) -> PlacedReplica {
+    let seg = sm.segment(&r.segment);
+    PlacedReplica {
+        segment: r.segment,
+        node_name: seg.map(|s| s.name.clone()).unwrap_or_default(),
+        data_addrs: seg.map(|s| s.data_addrs.clone()).unwrap_or_default(),
+        extents: r.extents.clone(),
+    }
+}
+
+/// Leader-memory access time in seconds (wraps after 136 years).
+fn access_s(now: Now) -> u32 {
+    (now.mono_ms / 1000) as u32
+}

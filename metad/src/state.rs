@@ -1,0 +1,696 @@
+//! The replicated state machine (design §3): segments, objects and the HTTP-metadata KV.
+//!
+//! `apply` is a pure function of the state and the command: no clock, no randomness, no I/O.
+//! Every change that the leader's in-memory bookkeeping must follow (an object's extents freed,
+//! a reservation committed or rejected, a segment mounted or unmounted) is reported as an
+//! [`Effect`].
+//!
+//! Snapshot format (version 1), all bincode 1.3 in its default configuration:
+//! `magic "RGSM" | u32 version | Header | (key, Object) × header.objects | (key, value) ×
+//! header.meta_entries`. Objects stream one by one, so neither writing nor reading holds the
+//! snapshot in memory. Free space is not stored: restore recomputes it from the objects, which
+//! also checks that no two objects overlap.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use crate::alloc::RangeAlloc;
+use crate::command::{Command, Outcome};
+use crate::types::{
+    Extent, NodeId, Object, Pin, Replica, Segment, SegmentId, SegmentState, UnmountReason, Version,
+};
+
+const SNAPSHOT_MAGIC: &[u8; 4] = b"RGSM";
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// What changed, for the leader's bookkeeping.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    Committed {
+        version: Version,
+        key: String,
+    },
+    /// A `CommitPut` was refused at apply; its reservation is over.
+    CommitRejected {
+        version: Version,
+    },
+    /// An object's replica left a segment (removed, evicted, expired, or the replica dropped).
+    Freed {
+        segment: SegmentId,
+        version: Version,
+        extents: Vec<Extent>,
+    },
+    Mounted {
+        segment: SegmentId,
+    },
+    Unmounted {
+        segment: SegmentId,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub name: String,
+    pub last_generation: u64,
+}
+
+/// Replicated counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    pub evicted_objects: u64,
+    /// Objects that lost their last replica when a node was declared dead or came back with a
+    /// new generation (design §3, invariant 3).
+    pub dead_node_dropped_objects: u64,
+    /// Objects that lost their last replica with a graceful unmount (drain timeout).
+    pub unmount_dropped_objects: u64,
+    pub expired_objects: u64,
+    pub removed_objects: u64,
+    pub committed_objects: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    next_node_id: u64,
+    nodes: BTreeMap<NodeId, NodeRecord>,
+    segments: Vec<Segment>,
+    counters: Counters,
+    objects: u64,
+    meta_entries: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct StateMachine {
+    next_node_id: u64,
+    nodes: BTreeMap<NodeId, NodeRecord>,
+    names: BTreeMap<String, NodeId>,
+    segments: BTreeMap<SegmentId, Segment>,
+    /// The current (only) mounted segment of each node.
+    node_segment: BTreeMap<NodeId, SegmentId>,
+    free: BTreeMap<SegmentId, RangeAlloc>,
+    objects: BTreeMap<Box<str>, Object>,
+    meta: BTreeMap<String, Vec<u8>>,
+    counters: Counters,
+    // Derived indexes (rebuilt on restore, not in snapshots).
+    ttl_index: BTreeSet<(u64, Box<str>)>,
+    soft_pin_index: BTreeSet<(u64, Box<str>)>,
+    bytes_used: u64,
+    hard_pinned_bytes: u64,
+}
+
+impl StateMachine {
+    pub fn new() -> Self {
+        Self {
+            next_node_id: 1,
+            ..Default::default()
+        }
+    }
+
+    // ------------------------------------------------------------------ reads
+
+    pub fn object(&self, key: &str) -> Option<&Object> {
+        self.objects.get(key)
+    }
+
+    pub fn object_mut(&mut self, key: &str) -> Option<&mut Object> {
+        self.objects.get_mut(key)
+    }
+
+    pub fn objects_mut(&mut self) -> impl Iterator<Item = &mut Object> {
+        self.objects.values_mut()
+    }
+
+    /// The earliest TTL or soft-pin deadline, if any.
+    pub fn next_expiry(&self) -> Option<u64> {
+        let a = self.ttl_index.first().map(|(t, _)| *t);
+        let b = self.soft_pin_index.first().map(|(t, _)| *t);
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.objects.contains_key(key)
+    }
+
+    pub fn objects(&self) -> impl Iterator<Item = (&str, &Object)> {
+        self.objects.iter().map(|(k, v)| (&**k, v))
+    }
+
+    /// Objects from `start` (inclusive), wrapping is the caller's business.
+    pub fn objects_from<'a>(
+        &'a self,
+        start: &str,
+    ) -> impl Iterator<Item = (&'a str, &'a Object)> + 'a {
+        self.objects
+            .range::<str, _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
+            .map(|(k, v)| (&**k, v))
+    }
+
+    /// Keys with `prefix`, strictly after `start_after`, at most `limit`.
+    pub fn list_keys(&self, prefix: &str, start_after: &str, limit: usize) -> Vec<(&str, &Object)> {
+        let start = if start_after.is_empty() || start_after < prefix {
+            prefix
+        } else {
+            start_after
+        };
+        self.objects
+            .range::<str, _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
+            .map(|(k, v)| (&**k, v))
+            .filter(|(k, _)| *k != start_after)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .take(limit)
+            .collect()
+    }
+
+    pub fn key_count(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn segments(&self) -> impl Iterator<Item = &Segment> {
+        self.segments.values()
+    }
+
+    pub fn segment(&self, id: &SegmentId) -> Option<&Segment> {
+        self.segments.get(id)
+    }
+
+    pub fn node_segment(&self, node: NodeId) -> Option<&Segment> {
+        self.node_segment
+            .get(&node)
+            .and_then(|s| self.segments.get(s))
+    }
+
+    pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
+        self.names.get(name).copied()
+    }
+
+    pub fn node(&self, id: NodeId) -> Option<&NodeRecord> {
+        self.nodes.get(&id)
+    }
+
+    pub fn free_space(&self, id: &SegmentId) -> Option<&RangeAlloc> {
+        self.free.get(id)
+    }
+
+    pub fn meta_get(&self, key: &str) -> Option<&[u8]> {
+        self.meta.get(key).map(|v| v.as_slice())
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Bytes of committed replicas (allocated extents) over all segments.
+    pub fn bytes_used(&self) -> u64 {
+        self.bytes_used
+    }
+
+    pub fn bytes_total(&self) -> u64 {
+        self.segments.values().map(|s| s.capacity).sum()
+    }
+
+    pub fn hard_pinned_bytes(&self) -> u64 {
+        self.hard_pinned_bytes
+    }
+
+    // ------------------------------------------------------------------ apply
+
+    /// Applies one command. Never panics on any command content.
+    pub fn apply(&mut self, cmd: &Command, fx: &mut Vec<Effect>) -> Outcome {
+        match cmd {
+            Command::MountSegment {
+                node_name,
+                node_id_hint,
+                capacity,
+                data_addrs,
+                now_ms,
+            } => self.mount(node_name, *node_id_hint, *capacity, data_addrs, *now_ms, fx),
+            Command::UnmountSegment { segment, reason } => {
+                match self.unmount(*segment, *reason, fx) {
+                    Some(dropped) => Outcome::Unmounted { dropped },
+                    None => Outcome::Ignored(format!("segment {segment} is not mounted")),
+                }
+            }
+            Command::CommitPut {
+                key,
+                size,
+                replicas,
+                checksum,
+                version,
+                pin,
+                expires_ms,
+            } => {
+                let out =
+                    self.commit_put(key, *size, replicas, *checksum, *version, *pin, *expires_ms);
+                fx.push(match out {
+                    Outcome::Committed => Effect::Committed {
+                        version: *version,
+                        key: key.clone(),
+                    },
+                    _ => Effect::CommitRejected { version: *version },
+                });
+                out
+            }
+            Command::Remove { keys } => {
+                let r = keys
+                    .iter()
+                    .map(|k| self.remove_object(k, fx).is_some())
+                    .collect::<Vec<_>>();
+                self.counters.removed_objects += r.iter().filter(|x| **x).count() as u64;
+                Outcome::Removed(r)
+            }
+            Command::RemoveAll => {
+                let keys: Vec<Box<str>> = self.objects.keys().cloned().collect();
+                for k in &keys {
+                    self.remove_object(k, fx);
+                }
+                self.counters.removed_objects += keys.len() as u64;
+                Outcome::RemovedAll(keys.len() as u64)
+            }
+            Command::Evict { keys } => {
+                let n = keys
+                    .iter()
+                    .filter(|k| self.remove_object(k, fx).is_some())
+                    .count() as u64;
+                self.counters.evicted_objects += n;
+                Outcome::Evicted(n)
+            }
+            Command::MetaPut { key, value } => Outcome::Meta {
+                existed: self.meta.insert(key.clone(), value.clone()).is_some(),
+            },
+            Command::MetaDelete { key } => Outcome::Meta {
+                existed: self.meta.remove(key).is_some(),
+            },
+            Command::ExpirePins { now_ms } => self.expire(*now_ms, fx),
+            Command::DrainSegment {
+                segment,
+                deadline_ms,
+            } => match self.segments.get_mut(segment) {
+                Some(s) => {
+                    s.state = SegmentState::Draining {
+                        deadline_ms: *deadline_ms,
+                    };
+                    Outcome::DrainSet
+                }
+                None => Outcome::Ignored(format!("segment {segment} is not mounted")),
+            },
+        }
+    }
+
+    fn mount(
+        &mut self,
+        name: &str,
+        hint: u64,
+        capacity: u64,
+        data_addrs: &[String],
+        now_ms: u64,
+        fx: &mut Vec<Effect>,
+    ) -> Outcome {
+        let node = match self.names.get(name) {
+            Some(id) => *id,
+            None => {
+                let id = if hint != 0 && !self.nodes.contains_key(&hint) {
+                    hint
+                } else {
+                    self.next_node_id
+                };
+                self.next_node_id = self.next_node_id.max(id + 1);
+                self.names.insert(name.to_string(), id);
+                self.nodes.insert(
+                    id,
+                    NodeRecord {
+                        name: name.to_string(),
+                        last_generation: 0,
+                    },
+                );
+                id
+            }
+        };
+        let mut dropped = 0;
+        if let Some(old) = self.node_segment.get(&node).copied() {
+            dropped = self.unmount(old, UnmountReason::Dead, fx).unwrap_or(0);
+        }
+        let rec = self.nodes.get_mut(&node).expect("inserted above");
+        rec.last_generation += 1;
+        let id = SegmentId {
+            node,
+            generation: rec.last_generation,
+        };
+        self.segments.insert(
+            id,
+            Segment {
+                id,
+                name: name.to_string(),
+                capacity,
+                data_addrs: data_addrs.to_vec(),
+                state: SegmentState::Active,
+                mounted_ms: now_ms,
+                used: 0,
+                objects: 0,
+            },
+        );
+        self.free.insert(id, RangeAlloc::new(capacity));
+        self.node_segment.insert(node, id);
+        fx.push(Effect::Mounted { segment: id });
+        Outcome::Mounted {
+            node_id: node,
+            generation: id.generation,
+            dropped,
+        }
+    }
+
+    /// Drops a segment and every replica on it; returns how many objects lost their last
+    /// replica, or None when the segment is not mounted.
+    fn unmount(
+        &mut self,
+        seg: SegmentId,
+        reason: UnmountReason,
+        fx: &mut Vec<Effect>,
+    ) -> Option<u64> {
+        self.segments.remove(&seg)?;
+        self.free.remove(&seg);
+        if self.node_segment.get(&seg.node) == Some(&seg) {
+            self.node_segment.remove(&seg.node);
+        }
+        let mut orphans = Vec::new();
+        for (key, obj) in self.objects.iter_mut() {
+            let before = obj.replicas.len();
+            obj.replicas.retain(|r| r.segment != seg);
+            if obj.replicas.len() != before && obj.replicas.is_empty() {
+                orphans.push(key.clone());
+            }
+        }
+        // Recompute accounting for the objects that kept other replicas (their footprint shrank).
+        self.recompute_usage();
+        let dropped = orphans.len() as u64;
+        for k in orphans {
+            self.remove_object(&k, fx);
+        }
+        match reason {
+            UnmountReason::Dead => self.counters.dead_node_dropped_objects += dropped,
+            UnmountReason::Graceful => self.counters.unmount_dropped_objects += dropped,
+        }
+        fx.push(Effect::Unmounted { segment: seg });
+        Some(dropped)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn commit_put(
+        &mut self,
+        key: &str,
+        size: u64,
+        replicas: &[Replica],
+        checksum: u64,
+        version: Version,
+        pin: Pin,
+        expires_ms: u64,
+    ) -> Outcome {
+        if self.objects.contains_key(key) {
+            return Outcome::AlreadyExists;
+        }
+        if let Err(why) = self.check_placement(key, size, replicas) {
+            return Outcome::Conflict(why);
+        }
+        for r in replicas {
+            let alloc = self.free.get_mut(&r.segment).expect("checked");
+            for e in &r.extents {
+                let ok = alloc.take(e);
+                debug_assert!(ok, "checked free");
+            }
+            let seg = self.segments.get_mut(&r.segment).expect("checked");
+            seg.used += r.bytes();
+            seg.objects += 1;
+        }
+        let obj = Object {
+            size,
+            checksum,
+            version,
+            replicas: replicas.to_vec(),
+            pin,
+            expires_ms,
+            access_s: 0,
+        };
+        self.index_object(key, &obj);
+        self.objects.insert(key.into(), obj);
+        self.counters.committed_objects += 1;
+        Outcome::Committed
+    }
+
+    /// Checks that a commit's replicas are on distinct mounted segments of distinct nodes, cover
+    /// the size, and that every extent is free (and the extents of one replica do not overlap).
+    fn check_placement(&self, key: &str, size: u64, replicas: &[Replica]) -> Result<(), String> {
+        if key.is_empty() || size == 0 || replicas.is_empty() {
+            return Err(format!(
+                "commit of {key:?}: empty key, zero size or no replica"
+            ));
+        }
+        let mut nodes = BTreeSet::new();
+        for r in replicas {
+            if !nodes.insert(r.segment.node) {
+                return Err(format!(
+                    "commit of {key:?}: two replicas on node {}",
+                    r.segment.node
+                ));
+            }
+            let Some(alloc) = self.free.get(&r.segment) else {
+                return Err(format!(
+                    "commit of {key:?}: segment {} is not mounted",
+                    r.segment
+                ));
+            };
+            if r.bytes() < size {
+                return Err(format!(
+                    "commit of {key:?}: replica on {} covers {} of {size} bytes",
+                    r.segment,
+                    r.bytes()
+                ));
+            }
+            for (i, e) in r.extents.iter().enumerate() {
+                if !alloc.is_free(e) {
+                    return Err(format!(
+                        "commit of {key:?}: extent {e:?} on {} is not free",
+                        r.segment
+                    ));
+                }
+                if r.extents[..i].iter().any(|o| o.overlaps(e)) {
+                    return Err(format!(
+                        "commit of {key:?}: overlapping extents on {}",
+                        r.segment
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn index_object(&mut self, key: &str, obj: &Object) {
+        self.bytes_used += replicas_bytes(obj);
+        if obj.expires_ms != 0 {
+            self.ttl_index.insert((obj.expires_ms, key.into()));
+        }
+        match obj.pin {
+            Pin::Soft { until_ms } => {
+                self.soft_pin_index.insert((until_ms, key.into()));
+            }
+            Pin::Hard => self.hard_pinned_bytes += obj.footprint(),
+            Pin::None => {}
+        }
+    }
+
+    fn unindex_object(&mut self, key: &str, obj: &Object) {
+        self.bytes_used -= replicas_bytes(obj).min(self.bytes_used);
+        if obj.expires_ms != 0 {
+            self.ttl_index.remove(&(obj.expires_ms, key.into()));
+        }
+        match obj.pin {
+            Pin::Soft { until_ms } => {
+                self.soft_pin_index.remove(&(until_ms, key.into()));
+            }
+            Pin::Hard => self.hard_pinned_bytes -= obj.footprint().min(self.hard_pinned_bytes),
+            Pin::None => {}
+        }
+    }
+
+    /// Unlinks an object and frees its extents (the leader holds them while its read leases
+    /// last; design §3 invariant 5).
+    fn remove_object(&mut self, key: &str, fx: &mut Vec<Effect>) -> Option<Object> {
+        let obj = self.objects.remove(key)?;
+        self.unindex_object(key, &obj);
+        for r in &obj.replicas {
+            if let Some(alloc) = self.free.get_mut(&r.segment) {
+                for e in &r.extents {
+                    let ok = alloc.free(e);
+                    debug_assert!(ok, "freeing a used extent");
+                }
+            }
+            if let Some(seg) = self.segments.get_mut(&r.segment) {
+                seg.used -= r.bytes().min(seg.used);
+                seg.objects = seg.objects.saturating_sub(1);
+            }
+            fx.push(Effect::Freed {
+                segment: r.segment,
+                version: obj.version,
+                extents: r.extents.clone(),
+            });
+        }
+        Some(obj)
+    }
+
+    fn expire(&mut self, now_ms: u64, fx: &mut Vec<Effect>) -> Outcome {
+        let due: Vec<Box<str>> = self
+            .ttl_index
+            .iter()
+            .take_while(|(t, _)| *t <= now_ms)
+            .map(|(_, k)| k.clone())
+            .collect();
+        for k in &due {
+            self.remove_object(k, fx);
+        }
+        self.counters.expired_objects += due.len() as u64;
+        let lapsed: Vec<(u64, Box<str>)> = self
+            .soft_pin_index
+            .iter()
+            .take_while(|(t, _)| *t <= now_ms)
+            .cloned()
+            .collect();
+        for (t, k) in &lapsed {
+            self.soft_pin_index.remove(&(*t, k.clone()));
+            if let Some(o) = self.objects.get_mut(k) {
+                o.pin = Pin::None;
+            }
+        }
+        Outcome::Expired {
+            removed: due.len() as u64,
+            unpinned: lapsed.len() as u64,
+        }
+    }
+
+    fn recompute_usage(&mut self) {
+        for s in self.segments.values_mut() {
+            s.used = 0;
+            s.objects = 0;
+        }
+        self.bytes_used = 0;
+        self.hard_pinned_bytes = 0;
+        for obj in self.objects.values() {
+            self.bytes_used += replicas_bytes(obj);
+            if obj.pin == Pin::Hard {
+                self.hard_pinned_bytes += obj.footprint();
+            }
+            for r in &obj.replicas {
+                if let Some(s) = self.segments.get_mut(&r.segment) {
+                    s.used += r.bytes();
+                    s.objects += 1;
+                }
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ snapshots
+
+    /// Writes the replicated state (format in the module doc).
+    pub fn write_snapshot(&self, w: &mut dyn Write) -> std::io::Result<()> {
+        w.write_all(SNAPSHOT_MAGIC)?;
+        w.write_all(&SNAPSHOT_VERSION.to_le_bytes())?;
+        let header = Header {
+            next_node_id: self.next_node_id,
+            nodes: self.nodes.clone(),
+            segments: self.segments.values().cloned().collect(),
+            counters: self.counters.clone(),
+            objects: self.objects.len() as u64,
+            meta_entries: self.meta.len() as u64,
+        };
+        bincode::serialize_into(&mut *w, &header).map_err(to_io)?;
+        for (k, o) in &self.objects {
+            bincode::serialize_into(&mut *w, &(&**k, o)).map_err(to_io)?;
+        }
+        for kv in &self.meta {
+            bincode::serialize_into(&mut *w, &kv).map_err(to_io)?;
+        }
+        Ok(())
+    }
+
+    /// Reads a snapshot written by [`write_snapshot`](Self::write_snapshot), validating that no
+    /// two objects overlap and every replica is on a mounted segment.
+    pub fn read_snapshot(r: &mut dyn Read) -> std::io::Result<Self> {
+        let mut magic = [0u8; 4];
+        r.read_exact(&mut magic)?;
+        if &magic != SNAPSHOT_MAGIC {
+            return Err(invalid(
+                "not a Regolith state-machine snapshot (bad magic)".into(),
+            ));
+        }
+        let mut v = [0u8; 4];
+        r.read_exact(&mut v)?;
+        let version = u32::from_le_bytes(v);
+        if version != SNAPSHOT_VERSION {
+            return Err(invalid(format!(
+                "state-machine snapshot format {version} is not supported (this build reads {SNAPSHOT_VERSION})"
+            )));
+        }
+        let h: Header = bincode::deserialize_from(&mut *r).map_err(to_io)?;
+        let mut sm = StateMachine {
+            next_node_id: h.next_node_id,
+            counters: h.counters,
+            ..Default::default()
+        };
+        for (id, rec) in h.nodes {
+            sm.names.insert(rec.name.clone(), id);
+            sm.nodes.insert(id, rec);
+        }
+        for s in h.segments {
+            sm.free.insert(s.id, RangeAlloc::new(s.capacity));
+            sm.node_segment.insert(s.id.node, s.id);
+            sm.segments.insert(s.id, s);
+        }
+        for _ in 0..h.objects {
+            let (k, o): (String, Object) = bincode::deserialize_from(&mut *r).map_err(to_io)?;
+            for rep in &o.replicas {
+                let alloc = sm.free.get_mut(&rep.segment).ok_or_else(|| {
+                    invalid(format!(
+                        "snapshot object {k:?} is on unmounted segment {}",
+                        rep.segment
+                    ))
+                })?;
+                for e in &rep.extents {
+                    if !alloc.take(e) {
+                        return Err(invalid(format!(
+                            "snapshot object {k:?} overlaps another at {e:?}"
+                        )));
+                    }
+                }
+            }
+            sm.index_object(&k, &o);
+            sm.objects.insert(k.into(), o);
+        }
+        for _ in 0..h.meta_entries {
+            let (k, v): (String, Vec<u8>) = bincode::deserialize_from(&mut *r).map_err(to_io)?;
+            sm.meta.insert(k, v);
+        }
+        sm.recompute_usage();
+        Ok(sm)
+    }
+
+    /// The snapshot bytes: equal bytes means equal replicated state.
+    pub fn snapshot_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.write_snapshot(&mut v)
+            .expect("writing to a Vec cannot fail");
+        v
+    }
+}
+
+fn replicas_bytes(obj: &Object) -> u64 {
+    obj.replicas.iter().map(Replica::bytes).sum()
+}
+
+fn to_io(e: bincode::Error) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, e)
+}
+
+fn invalid(msg: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, msg)
+}
