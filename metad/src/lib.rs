@@ -10,13 +10,37 @@
 //! * [`core`] — the state machine and the leader state under one lock.
 //! * [`config`] — the cache knobs and the clock pair the core is given.
 //! * [`error`] — the crate's error enum.
+//!
+//! The edges (tokio, tonic, hyper, sled through `raft-log`):
+//! * [`raft_types`] — the openraft type configuration; [`sm`] plugs the core into `raft-log`.
+//! * [`network`] — Raft messages between replicas over gRPC, capped by bytes.
+//! * [`proposer`] — group commit: concurrent proposals coalesced into one entry.
+//! * [`gate`] — when reads may be served from the applied state (design §5); leadership changes.
+//! * [`grpc`] — the `Metad` and `Raft` gRPC services.
+//! * [`http`] — `/metrics`, `/health`, `/ready`, `/status` and the HTTP metadata KV.
+//! * [`metrics`] — Prometheus metrics.
+//! * [`node`] — a running replica: wires everything, housekeeping, shutdown.
+//! * [`args`] — flags, TOML file, `REGOLITH_*` environment; [`run`] — the process entry point.
+//! * [`clock`] — the clocks handed to the core.
 
 pub mod alloc;
+pub mod args;
+pub mod clock;
 pub mod command;
 pub mod config;
 pub mod core;
 pub mod error;
+pub mod gate;
+pub mod grpc;
+pub mod http;
 pub mod leader;
+pub mod metrics;
+pub mod network;
+pub mod node;
+pub mod proposer;
+pub mod raft_types;
+pub mod run;
+pub mod sm;
 pub mod state;
 pub mod types;
 

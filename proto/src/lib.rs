@@ -9,6 +9,7 @@
 //! * [`checksum`] — the object checksum: xxh3-64 per 64 KiB chunk, seeded with the version.
 //! * [`auth`] — the cluster token carried on gRPC calls and data-plane connections.
 //! * [`leader`] — how followers name the leader in a `NOT_LEADER` answer.
+//! * [`units`] — parsing of sizes (`1GiB`) and durations (`500ms`) in flags and config files.
 //! * [`client`] — [`client::MetadClient`], which finds the leader, follows redirects and retries
 //!   idempotent calls across elections.
 //! * [`error`] — the crate's error enum.
@@ -18,6 +19,7 @@ pub mod checksum;
 pub mod client;
 pub mod error;
 pub mod leader;
+pub mod units;
 
 /// Generated code of `proto/metad.proto`.
 pub mod metad {

@@ -1,0 +1,364 @@
+//! Flags of `regolith-metad` (clap), the optional TOML file (`--config`) and `REGOLITH_*`
+//! environment variables. Precedence: flag, then environment, then file, then default.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use regolith_proto::units::{parse_duration, parse_size};
+use serde::Deserialize;
+
+use crate::config::CacheConfig;
+use crate::error::{Error, Result};
+
+#[derive(Parser, Debug, Default, Clone)]
+#[command(name = "regolith-metad", version, about = "One replica of Regolith's Raft-replicated metadata service")]
+pub struct Args {
+    /// Numeric id of this replica (unique in the cluster, > 0).
+    #[arg(long, env = "REGOLITH_ID")]
+    pub id: Option<u64>,
+    /// gRPC listen address for clients and Raft peers.
+    #[arg(long, env = "REGOLITH_LISTEN")]
+    pub listen: Option<String>,
+    /// Address peers and clients use to reach this replica (default: this replica's entry in
+    /// --peers, else --listen).
+    #[arg(long, env = "REGOLITH_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Initial members: `1=HOST:PORT,2=HOST:PORT,3=HOST:PORT`.
+    #[arg(long, env = "REGOLITH_PEERS")]
+    pub peers: Option<String>,
+    /// Create the cluster from --peers. Give it to every initial member on first start; ignored
+    /// when the data dir already has state. An empty member without it waits to be added.
+    #[arg(long, env = "REGOLITH_BOOTSTRAP")]
+    pub bootstrap: bool,
+    #[arg(long, env = "REGOLITH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// HTTP address of /metrics, /health, /ready, /status.
+    #[arg(long, env = "REGOLITH_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
+    /// File holding the cluster token every gRPC peer and client must present.
+    #[arg(long, env = "REGOLITH_CLUSTER_TOKEN_FILE")]
+    pub cluster_token_file: Option<PathBuf>,
+    /// Serve the Mooncake-compatible metadata KV at --http-metadata-addr.
+    #[arg(long, alias = "enable_http_metadata_server", env = "REGOLITH_ENABLE_HTTP_METADATA_SERVER")]
+    pub enable_http_metadata_server: bool,
+    #[arg(long, alias = "http_metadata_addr", env = "REGOLITH_HTTP_METADATA_ADDR")]
+    pub http_metadata_addr: Option<String>,
+
+    /// Read lease a get grants (e.g. 5s).
+    #[arg(long, env = "REGOLITH_LEASE_TTL")]
+    pub lease_ttl: Option<String>,
+    /// A node not heard from for this long is declared dead (e.g. 10s).
+    #[arg(long, env = "REGOLITH_NODE_TTL")]
+    pub node_ttl: Option<String>,
+    /// A reservation not committed within this is quarantined (e.g. 30s).
+    #[arg(long, env = "REGOLITH_PUT_TIMEOUT")]
+    pub put_timeout: Option<String>,
+    #[arg(long, alias = "eviction_high_watermark_ratio", env = "REGOLITH_EVICTION_HIGH_WATERMARK")]
+    pub eviction_high_watermark: Option<f64>,
+    #[arg(long, env = "REGOLITH_EVICTION_RATIO")]
+    pub eviction_ratio: Option<f64>,
+    #[arg(long, env = "REGOLITH_HARD_PIN_MAX_RATIO")]
+    pub hard_pin_max_ratio: Option<f64>,
+    #[arg(long, env = "REGOLITH_SOFT_PIN_TTL")]
+    pub soft_pin_ttl: Option<String>,
+    #[arg(long, env = "REGOLITH_DRAIN_TIMEOUT")]
+    pub drain_timeout: Option<String>,
+    #[arg(long, env = "REGOLITH_MAX_KEY_LEN")]
+    pub max_key_len: Option<usize>,
+
+    /// Raft heartbeat interval (e.g. 150ms).
+    #[arg(long, env = "REGOLITH_HEARTBEAT_INTERVAL")]
+    pub heartbeat_interval: Option<String>,
+    /// Lower bound of the randomized election timeout (e.g. 600ms); also the leader lease.
+    #[arg(long, env = "REGOLITH_ELECTION_TIMEOUT_MIN")]
+    pub election_timeout_min: Option<String>,
+    #[arg(long, env = "REGOLITH_ELECTION_TIMEOUT_MAX")]
+    pub election_timeout_max: Option<String>,
+    /// Build a snapshot (and purge the log) after this many entries.
+    #[arg(long, env = "REGOLITH_SNAPSHOT_LOGS")]
+    pub snapshot_logs: Option<u64>,
+    /// Largest Raft entry (a batch of commands), e.g. 1MiB.
+    #[arg(long, env = "REGOLITH_MAX_ENTRY_BYTES")]
+    pub max_entry_bytes: Option<String>,
+    /// Largest Raft message (AppendEntries are cut to fit), e.g. 16MiB.
+    #[arg(long, env = "REGOLITH_RAFT_MAX_MESSAGE_BYTES")]
+    pub raft_max_message_bytes: Option<String>,
+    /// sled's page cache (its default of 1 GiB is far more than metad needs).
+    #[arg(long, env = "REGOLITH_SLED_CACHE")]
+    pub sled_cache: Option<String>,
+
+    /// TOML file with any of these settings (keys are the flag names with `_`).
+    #[arg(long, env = "REGOLITH_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// More logging (-v, -vv); Mooncake's `-v=1` is accepted too.
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// `text` or `json`.
+    #[arg(long, env = "REGOLITH_LOG_FORMAT")]
+    pub log_format: Option<String>,
+}
+
+/// The TOML file: the same settings as the flags.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub id: Option<u64>,
+    pub listen: Option<String>,
+    pub advertise: Option<String>,
+    pub peers: Option<String>,
+    pub bootstrap: Option<bool>,
+    pub data_dir: Option<PathBuf>,
+    pub metrics_addr: Option<String>,
+    pub cluster_token_file: Option<PathBuf>,
+    pub enable_http_metadata_server: Option<bool>,
+    pub http_metadata_addr: Option<String>,
+    pub lease_ttl: Option<String>,
+    pub node_ttl: Option<String>,
+    pub put_timeout: Option<String>,
+    pub eviction_high_watermark: Option<f64>,
+    pub eviction_ratio: Option<f64>,
+    pub hard_pin_max_ratio: Option<f64>,
+    pub soft_pin_ttl: Option<String>,
+    pub drain_timeout: Option<String>,
+    pub max_key_len: Option<usize>,
+    pub heartbeat_interval: Option<String>,
+    pub election_timeout_min: Option<String>,
+    pub election_timeout_max: Option<String>,
+    pub snapshot_logs: Option<u64>,
+    pub max_entry_bytes: Option<String>,
+    pub raft_max_message_bytes: Option<String>,
+    pub sled_cache: Option<String>,
+    pub log_format: Option<String>,
+}
+
+/// Resolved settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub id: u64,
+    pub listen: SocketAddr,
+    pub advertise: String,
+    pub peers: BTreeMap<u64, String>,
+    pub bootstrap: bool,
+    pub data_dir: PathBuf,
+    pub metrics_addr: SocketAddr,
+    pub token: Option<String>,
+    pub http_metadata_addr: Option<SocketAddr>,
+    pub cache: CacheConfig,
+    pub heartbeat_interval: Duration,
+    pub election_timeout_min: Duration,
+    pub election_timeout_max: Duration,
+    pub snapshot_logs: u64,
+    pub max_entry_bytes: usize,
+    pub raft_max_message_bytes: usize,
+    pub sled_cache_bytes: u64,
+    pub verbose: u8,
+    pub json_logs: bool,
+}
+
+/// Rewrites Mooncake's `-v=N` / `--v=N` into N `-v` flags.
+pub fn normalize_argv(argv: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for a in argv {
+        match a.strip_prefix("-v=").or_else(|| a.strip_prefix("--v=")) {
+            Some(n) => {
+                let n: usize = n.parse().unwrap_or(1);
+                out.extend(std::iter::repeat_n("-v".to_string(), n.min(4)));
+            }
+            None => out.push(a),
+        }
+    }
+    out
+}
+
+/// Parses `1=HOST:PORT,2=HOST:PORT`.
+pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
+    let mut out = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| Error::Config(format!("--peers entry {part:?}: expected ID=HOST:PORT")))?;
+        let id: u64 = id.trim().parse().map_err(|_| Error::Config(format!("--peers entry {part:?}: id is not a number")))?;
+        if id == 0 {
+            return Err(Error::Config(format!("--peers entry {part:?}: ids start at 1")));
+        }
+        regolith_proto::client::parse_addrs(addr.trim()).map_err(|e| Error::Config(format!("--peers entry {part:?}: {e}")))?;
+        if out.insert(id, addr.trim().to_string()).is_some() {
+            return Err(Error::Config(format!("--peers names id {id} twice")));
+        }
+    }
+    Ok(out)
+}
+
+fn sock(flag: &str, v: &str) -> Result<SocketAddr> {
+    v.parse().map_err(|_| Error::Config(format!("--{flag} {v:?}: expected IP:PORT")))
+}
+
+fn dur(flag: &str, v: Option<String>, default: Duration) -> Result<Duration> {
+    match v {
+        None => Ok(default),
+        Some(s) => parse_duration(&s).map_err(|e| Error::Config(format!("--{flag}: {e}"))),
+    }
+}
+
+fn size(flag: &str, v: Option<String>, default: u64) -> Result<u64> {
+    match v {
+        None => Ok(default),
+        Some(s) => parse_size(&s).map_err(|e| Error::Config(format!("--{flag}: {e}"))),
+    }
+}
+
+impl Args {
+    /// Merges flags, environment (already in `self` through clap), the TOML file and defaults.
+    pub fn resolve(self) -> Result<Settings> {
+        let file: FileConfig = match &self.config {
+            None => FileConfig::default(),
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", p.display())))?;
+                toml::from_str(&text).map_err(|e| Error::Config(format!("config file {}: {e}", p.display())))?
+            }
+        };
+        let id = self.id.or(file.id).ok_or_else(|| Error::Config("--id is required".into()))?;
+        if id == 0 {
+            return Err(Error::Config("--id must be positive".into()));
+        }
+        let listen = sock("listen", &self.listen.or(file.listen).unwrap_or_else(|| "0.0.0.0:50051".into()))?;
+        let peers = match self.peers.or(file.peers) {
+            Some(p) => parse_peers(&p)?,
+            None => BTreeMap::new(),
+        };
+        let bootstrap = self.bootstrap || file.bootstrap.unwrap_or(false);
+        if bootstrap && !peers.contains_key(&id) {
+            return Err(Error::Config(format!("--bootstrap needs --peers to include this replica (id {id})")));
+        }
+        let advertise = self
+            .advertise
+            .or(file.advertise)
+            .or_else(|| peers.get(&id).cloned())
+            .unwrap_or_else(|| listen.to_string());
+        let data_dir = self.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from(format!("metad-{id}")));
+        let metrics_addr = sock("metrics-addr", &self.metrics_addr.or(file.metrics_addr).unwrap_or_else(|| "0.0.0.0:9003".into()))?;
+        let token = match self.cluster_token_file.or(file.cluster_token_file) {
+            Some(p) => Some(regolith_proto::auth::read_token_file(&p).map_err(|e| Error::Config(e.to_string()))?),
+            None => None,
+        };
+        let http_enabled = self.enable_http_metadata_server || file.enable_http_metadata_server.unwrap_or(false);
+        let http_metadata_addr = if http_enabled {
+            Some(sock(
+                "http-metadata-addr",
+                &self.http_metadata_addr.or(file.http_metadata_addr).unwrap_or_else(|| "0.0.0.0:8080".into()),
+            )?)
+        } else {
+            None
+        };
+        let d = CacheConfig::default();
+        let ms = |d: Duration| d.as_millis() as u64;
+        let cache = CacheConfig {
+            lease_ttl_ms: ms(dur("lease-ttl", self.lease_ttl.or(file.lease_ttl), Duration::from_millis(d.lease_ttl_ms))?),
+            node_ttl_ms: ms(dur("node-ttl", self.node_ttl.or(file.node_ttl), Duration::from_millis(d.node_ttl_ms))?),
+            put_timeout_ms: ms(dur("put-timeout", self.put_timeout.or(file.put_timeout), Duration::from_millis(d.put_timeout_ms))?),
+            eviction_high_watermark: self.eviction_high_watermark.or(file.eviction_high_watermark).unwrap_or(d.eviction_high_watermark),
+            eviction_ratio: self.eviction_ratio.or(file.eviction_ratio).unwrap_or(d.eviction_ratio),
+            hard_pin_max_ratio: self.hard_pin_max_ratio.or(file.hard_pin_max_ratio).unwrap_or(d.hard_pin_max_ratio),
+            soft_pin_ttl_ms: ms(dur("soft-pin-ttl", self.soft_pin_ttl.or(file.soft_pin_ttl), Duration::from_millis(d.soft_pin_ttl_ms))?),
+            drain_timeout_ms: ms(dur("drain-timeout", self.drain_timeout.or(file.drain_timeout), Duration::from_millis(d.drain_timeout_ms))?),
+            max_key_len: self.max_key_len.or(file.max_key_len).unwrap_or(d.max_key_len),
+            ..d
+        };
+        cache.validate().map_err(Error::Config)?;
+        let heartbeat_interval = dur("heartbeat-interval", self.heartbeat_interval.or(file.heartbeat_interval), Duration::from_millis(150))?;
+        let election_timeout_min = dur("election-timeout-min", self.election_timeout_min.or(file.election_timeout_min), Duration::from_millis(600))?;
+        let election_timeout_max = dur("election-timeout-max", self.election_timeout_max.or(file.election_timeout_max), election_timeout_min * 5 / 3)?;
+        if election_timeout_min <= heartbeat_interval * 2 || election_timeout_max <= election_timeout_min {
+            return Err(Error::Config(format!(
+                "need heartbeat-interval ({heartbeat_interval:?}) < election-timeout-min/2 ({election_timeout_min:?}) and election-timeout-min < election-timeout-max ({election_timeout_max:?})"
+            )));
+        }
+        let max_entry_bytes = size("max-entry-bytes", self.max_entry_bytes.or(file.max_entry_bytes), 1 << 20)? as usize;
+        let raft_max_message_bytes = size("raft-max-message-bytes", self.raft_max_message_bytes.or(file.raft_max_message_bytes), 16 << 20)? as usize;
+        if max_entry_bytes * 2 > raft_max_message_bytes || max_entry_bytes < 4096 {
+            return Err(Error::Config(format!(
+                "--max-entry-bytes ({max_entry_bytes}) must be at least 4096 and at most half of --raft-max-message-bytes ({raft_max_message_bytes})"
+            )));
+        }
+        let log_format = self.log_format.or(file.log_format).unwrap_or_else(|| "text".into());
+        let json_logs = match log_format.as_str() {
+            "text" => false,
+            "json" => true,
+            other => return Err(Error::Config(format!("--log-format {other:?}: use text or json"))),
+        };
+        Ok(Settings {
+            id,
+            listen,
+            advertise,
+            peers,
+            bootstrap,
+            data_dir,
+            metrics_addr,
+            token,
+            http_metadata_addr,
+            cache,
+            heartbeat_interval,
+            election_timeout_min,
+            election_timeout_max,
+            snapshot_logs: self.snapshot_logs.or(file.snapshot_logs).unwrap_or(20_000).max(100),
+            max_entry_bytes,
+            raft_max_message_bytes,
+            sled_cache_bytes: size("sled-cache", self.sled_cache.or(file.sled_cache), 64 << 20)?,
+            verbose: self.verbose,
+            json_logs,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Settings> {
+        let argv = normalize_argv(std::iter::once("regolith-metad").chain(args.iter().copied()).map(String::from));
+        Args::try_parse_from(argv).map_err(|e| Error::Config(e.to_string()))?.resolve()
+    }
+
+    #[test]
+    fn flags_resolve_with_defaults() {
+        let s = parse(&["--id", "2", "--peers", "1=127.0.0.1:1,2=127.0.0.1:2", "--bootstrap", "-v=2"]).unwrap();
+        assert_eq!(s.advertise, "127.0.0.1:2");
+        assert_eq!(s.listen.port(), 50051);
+        assert_eq!(s.metrics_addr.port(), 9003);
+        assert_eq!(s.verbose, 2);
+        assert!(s.http_metadata_addr.is_none());
+        let s = parse(&["--id", "1", "--enable_http_metadata_server", "--lease-ttl", "2s"]).unwrap();
+        assert_eq!(s.http_metadata_addr.unwrap().port(), 8080);
+        assert_eq!(s.cache.lease_ttl_ms, 2000);
+    }
+
+    #[test]
+    fn bad_values_say_which_flag() {
+        let e = parse(&["--id", "1", "--lease-ttl", "forever"]).unwrap_err().to_string();
+        assert!(e.contains("lease-ttl"), "{e}");
+        let e = parse(&["--id", "1", "--peers", "1=nohost"]).unwrap_err().to_string();
+        assert!(e.contains("--peers"), "{e}");
+        let e = parse(&["--id", "3", "--peers", "1=h:1", "--bootstrap"]).unwrap_err().to_string();
+        assert!(e.contains("id 3"), "{e}");
+        assert!(parse(&["--peers", "1=h:1"]).is_err(), "--id required");
+        assert!(parse(&["--id", "1", "--eviction-ratio", "3"]).is_err());
+    }
+
+    #[test]
+    fn config_file_fills_in_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("metad.toml");
+        std::fs::write(&p, "id = 7\nlisten = \"127.0.0.1:6000\"\nnode_ttl = \"3s\"\n").unwrap();
+        let s = parse(&["--config", p.to_str().unwrap(), "--listen", "127.0.0.1:6001"]).unwrap();
+        assert_eq!(s.id, 7);
+        assert_eq!(s.listen.port(), 6001);
+        assert_eq!(s.cache.node_ttl_ms, 3000);
+        std::fs::write(&p, "idd = 7\n").unwrap();
+        let e = parse(&["--config", p.to_str().unwrap()]).unwrap_err().to_string();
+        assert!(e.contains("idd"), "{e}");
+    }
+}

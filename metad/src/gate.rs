@@ -1,0 +1,180 @@
+//! When this replica may serve reads from its applied state (design §5), and the leadership
+//! transitions of the core.
+//!
+//! Reads are served with no log write and no quorum round only while (a) this node is leader,
+//! (b) the time since a quorum last acknowledged it, measured at read time — openraft's
+//! `millis_since_quorum_ack` plus the time since that metrics snapshot was observed — is below
+//! `leader_lease - heartbeat_interval`, and (c) it has applied its own term's first entry.
+//! Otherwise a read waits a bounded time or falls back to `ensure_linearizable()`; it never
+//! answers "not found" because the node is not ready.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use openraft::{RaftMetrics, ServerState};
+use parking_lot::Mutex;
+use regolith_proto::leader::LeaderHint;
+use tokio::sync::watch;
+
+use crate::clock::Clock;
+use crate::core::Core;
+use crate::raft_types::{NodeId, Raft};
+
+/// What a metrics snapshot said, and when it was observed.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    pub at: Instant,
+    pub state: ServerState,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub leader_addr: Option<String>,
+    pub quorum_ack_ms: Option<u64>,
+    pub applied_term: Option<u64>,
+    pub applied_index: u64,
+    pub last_log_index: u64,
+}
+
+impl Observed {
+    fn of(m: &RaftMetrics<NodeId, openraft::BasicNode>) -> Self {
+        let leader_addr = m
+            .current_leader
+            .and_then(|id| m.membership_config.membership().get_node(&id).map(|n| n.addr.clone()));
+        Self {
+            at: Instant::now(),
+            state: m.state,
+            term: m.current_term,
+            leader: m.current_leader,
+            leader_addr,
+            quorum_ack_ms: m.millis_since_quorum_ack,
+            applied_term: m.last_applied.map(|l| l.committed_leader_id().term),
+            applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
+            last_log_index: m.last_log_index.unwrap_or(0),
+        }
+    }
+
+    /// Leader that has applied its own term's first entry.
+    pub fn ready_leader(&self) -> bool {
+        self.state == ServerState::Leader && self.applied_term == Some(self.term)
+    }
+
+    pub fn hint(&self) -> Option<LeaderHint> {
+        Some(LeaderHint { id: self.leader?, addr: self.leader_addr.clone()? })
+    }
+}
+
+/// Why a read or leader-only call cannot be served here now.
+#[derive(Debug)]
+pub enum NotServing {
+    NotLeader(Option<LeaderHint>),
+    /// Leader, but not yet ready (first entry not applied, or the lease could not be confirmed).
+    NotReady(String),
+}
+
+#[derive(Clone)]
+pub struct Gate {
+    raft: Raft,
+    rx: watch::Receiver<Observed>,
+    lease: Duration,
+    margin: Duration,
+    wait: Duration,
+}
+
+impl Gate {
+    /// Starts watching openraft's metrics; builds or drops the core's leader state as
+    /// leadership comes and goes.
+    pub fn start(raft: Raft, core: Arc<Mutex<Core>>, clock: Clock, lease: Duration, heartbeat: Duration, wait: Duration) -> Self {
+        let mut metrics = raft.metrics();
+        let first = Observed::of(&metrics.borrow());
+        let (tx, rx) = watch::channel(first);
+        tokio::spawn(async move {
+            loop {
+                let obs = Observed::of(&metrics.borrow_and_update());
+                sync_leadership(&core, &obs, clock);
+                if tx.send(obs).is_err() {
+                    return;
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        Self { raft, rx, lease, margin: heartbeat, wait }
+    }
+
+    pub fn observed(&self) -> Observed {
+        self.rx.borrow().clone()
+    }
+
+    /// Whether the quorum lease holds right now (design §5 (b)).
+    pub fn lease_ok(&self) -> bool {
+        lease_holds(&self.rx.borrow(), self.lease.saturating_sub(self.margin))
+    }
+
+    /// Leader-only calls that do not read state (reserve, commit, proposals): this node must be
+    /// leader; waits a bounded time for it to become ready.
+    pub async fn require_leader(&self) -> Result<Observed, NotServing> {
+        let deadline = Instant::now() + self.wait;
+        let mut rx = self.rx.clone();
+        loop {
+            let obs = rx.borrow_and_update().clone();
+            if obs.state != ServerState::Leader && obs.state != ServerState::Candidate {
+                return Err(NotServing::NotLeader(obs.hint()));
+            }
+            if obs.ready_leader() {
+                return Ok(obs);
+            }
+            if !wait_change(&mut rx, deadline).await {
+                return Err(NotServing::NotReady(format!("leader of term {} has not applied its first entry", obs.term)));
+            }
+        }
+    }
+
+    /// Reads of the applied state: leader, ready, and within the quorum lease — else confirm
+    /// leadership with a quorum round (`ensure_linearizable`). Returns how it was confirmed.
+    pub async fn read(&self) -> Result<ReadPath, NotServing> {
+        let obs = self.require_leader().await?;
+        if lease_holds(&obs, self.lease.saturating_sub(self.margin)) {
+            return Ok(ReadPath::Lease);
+        }
+        match tokio::time::timeout(self.wait, self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => Ok(ReadPath::Quorum),
+            Ok(Err(e)) => match e.forward_to_leader() {
+                Some(f) => Err(NotServing::NotLeader(
+                    f.leader_id.zip(f.leader_node.as_ref().map(|n| n.addr.clone())).map(|(id, addr)| LeaderHint { id, addr }),
+                )),
+                None => Err(NotServing::NotReady(format!("leadership not confirmed: {e}"))),
+            },
+            Err(_) => Err(NotServing::NotReady(format!("leadership not confirmed within {:?}", self.wait))),
+        }
+    }
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ReadPath {
+    Lease,
+    Quorum,
+}
+
+fn lease_holds(obs: &Observed, budget: Duration) -> bool {
+    match obs.quorum_ack_ms {
+        Some(ms) if obs.ready_leader() => Duration::from_millis(ms) + obs.at.elapsed() < budget,
+        _ => false,
+    }
+}
+
+async fn wait_change(rx: &mut watch::Receiver<Observed>, deadline: Instant) -> bool {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return false;
+    }
+    matches!(tokio::time::timeout(left, rx.changed()).await, Ok(Ok(())))
+}
+
+fn sync_leadership(core: &Mutex<Core>, obs: &Observed, clock: Clock) {
+    let mut core = core.lock();
+    if obs.ready_leader() {
+        core.become_leader(obs.term, clock.now());
+    } else if core.leader().is_some_and(|l| l.term != obs.term || obs.state != ServerState::Leader) {
+        core.step_down();
+    }
+}

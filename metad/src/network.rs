@@ -1,0 +1,175 @@
+//! The Raft network between metad replicas: openraft messages as bincode in the `Raft` gRPC
+//! service (`proto/raft.proto`), each payload led by a one-byte format version.
+//!
+//! AppendEntries are capped by bytes: when the entries openraft hands over serialize to more
+//! than the cap, only the prefix that fits is sent and a success is reported to openraft as
+//! `PartialSuccess`, so it sends the rest next.
+
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use openraft::BasicNode;
+use regolith_proto::auth::TokenInterceptor;
+use regolith_proto::raft::raft_client::RaftClient;
+use regolith_proto::raft::RaftMessage;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::codegen::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::raft_types::{NodeId, TypeConfig};
+
+/// Format version of Raft payloads.
+pub const PAYLOAD_VERSION: u8 = 1;
+
+/// Room for the request's own fields beside its entries.
+const OVERHEAD: usize = 4096;
+
+pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, bincode::Error> {
+    let mut out = Vec::with_capacity(64);
+    out.push(PAYLOAD_VERSION);
+    bincode::serialize_into(&mut out, v)?;
+    Ok(out)
+}
+
+pub fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, String> {
+    match b.split_first() {
+        Some((&PAYLOAD_VERSION, rest)) => bincode::deserialize(rest).map_err(|e| format!("undecodable Raft payload: {e}")),
+        Some((v, _)) => Err(format!("Raft payload format {v} not supported (this build speaks {PAYLOAD_VERSION})")),
+        None => Err("empty Raft payload".into()),
+    }
+}
+
+#[derive(Clone)]
+pub struct Network {
+    pub interceptor: TokenInterceptor,
+    pub max_message_bytes: usize,
+    pub connect_timeout: Duration,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        let client = Endpoint::from_shared(format!("http://{}", node.addr)).ok().map(|ep| {
+            let ch = ep.connect_timeout(self.connect_timeout).tcp_nodelay(true).connect_lazy();
+            RaftClient::with_interceptor(ch, self.interceptor.clone())
+                .max_decoding_message_size(self.max_message_bytes + OVERHEAD)
+                .max_encoding_message_size(self.max_message_bytes + OVERHEAD)
+        });
+        Peer { target, addr: node.addr.clone(), client, max_bytes: self.max_message_bytes }
+    }
+}
+
+pub struct Peer {
+    target: NodeId,
+    addr: String,
+    client: Option<RaftClient<InterceptedService<Channel, TokenInterceptor>>>,
+    max_bytes: usize,
+}
+
+type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
+
+impl Peer {
+    async fn call<Req, Resp, E>(&mut self, which: Rpc, req: &Req, ttl: Duration) -> Result<Resp, RpcErr<E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let Some(client) = self.client.as_mut() else {
+            return Err(RPCError::Unreachable(Unreachable::new(&std::io::Error::other(format!(
+                "bad peer address {:?}",
+                self.addr
+            )))));
+        };
+        let payload = encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let msg = RaftMessage { payload };
+        let fut = async {
+            match which {
+                Rpc::Append => client.append_entries(msg).await,
+                Rpc::Vote => client.vote(msg).await,
+                Rpc::Snapshot => client.install_snapshot(msg).await,
+            }
+        };
+        let reply = match tokio::time::timeout(ttl, fut).await {
+            Err(_) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("{which:?} to {} timed out after {ttl:?}", self.addr),
+                ))))
+            }
+            Ok(Err(status)) => return Err(status_error(&self.addr, status)),
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        let res: Result<Resp, RaftError<NodeId, E>> =
+            decode(&reply.payload).map_err(|e| RPCError::Network(NetworkError::new(&std::io::Error::other(e))))?;
+        res.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+#[derive(Copy, Clone, Debug)]
+enum Rpc {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+fn status_error<E: std::error::Error>(addr: &str, s: tonic::Status) -> RpcErr<E> {
+    let io = std::io::Error::other(format!("{addr}: {:?}: {}", s.code(), s.message()));
+    match s.code() {
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled | tonic::Code::Unknown => {
+            RPCError::Unreachable(Unreachable::new(&io))
+        }
+        _ => RPCError::Network(NetworkError::new(&io)),
+    }
+}
+
+/// How many leading entries fit in `max_bytes` (at least one).
+fn entries_that_fit(req: &AppendEntriesRequest<TypeConfig>, max_bytes: usize) -> usize {
+    let mut total = OVERHEAD;
+    for (i, e) in req.entries.iter().enumerate() {
+        total += bincode::serialized_size(e).unwrap_or(u64::MAX) as usize;
+        if total > max_bytes {
+            return i.max(1);
+        }
+    }
+    req.entries.len()
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RpcErr> {
+        let fit = entries_that_fit(&rpc, self.max_bytes);
+        let truncated = fit < rpc.entries.len();
+        if truncated {
+            rpc.entries.truncate(fit);
+        }
+        let last = rpc.entries.last().map(|e| e.log_id);
+        let resp: AppendEntriesResponse<NodeId> = self.call(Rpc::Append, &rpc, option.hard_ttl()).await?;
+        Ok(match resp {
+            AppendEntriesResponse::Success if truncated => AppendEntriesResponse::PartialSuccess(last),
+            other => other,
+        })
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<InstallSnapshotError>> {
+        self.call(Rpc::Snapshot, &rpc, option.hard_ttl()).await
+    }
+
+    async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RpcErr> {
+        self.call(Rpc::Vote, &rpc, option.hard_ttl()).await
+    }
+}

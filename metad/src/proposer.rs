@@ -1,0 +1,128 @@
+//! Group commit: concurrent proposals are coalesced into one Raft entry (one fsync, one
+//! AppendEntries), bounded by count and bytes. openraft keeps one AppendEntries in flight per
+//! follower, so batching here is what turns many writers into throughput.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::command::{Batch, Command, Outcome};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::raft_types::Raft;
+
+/// Most commands in one entry.
+pub const MAX_BATCH_COMMANDS: usize = 4096;
+
+struct Pending {
+    cmd: Command,
+    bytes: usize,
+    reply: oneshot::Sender<Result<Outcome>>,
+}
+
+#[derive(Clone)]
+pub struct Proposer {
+    tx: mpsc::Sender<Pending>,
+}
+
+impl Proposer {
+    /// Starts the batching task. `max_entry_bytes` caps one entry (AppendEntries carry whole
+    /// entries, so this bounds Raft messages); `in_flight` entries may be replicating at once.
+    pub fn start(raft: Raft, metrics: Arc<Metrics>, max_entry_bytes: usize, in_flight: usize) -> Self {
+        let (tx, rx) = mpsc::channel(65_536);
+        tokio::spawn(run(raft, rx, metrics, max_entry_bytes, in_flight));
+        Self { tx }
+    }
+
+    /// Replicates one command and returns its outcome once applied on this node.
+    pub async fn propose(&self, cmd: Command) -> Result<Outcome> {
+        let bytes = bincode::serialized_size(&cmd).unwrap_or(0) as usize;
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Pending { cmd, bytes, reply })
+            .await
+            .map_err(|_| Error::Raft("proposer stopped (shutting down)".into()))?;
+        rx.await.map_err(|_| Error::Raft("proposal dropped (shutting down)".into()))?
+    }
+
+    /// Replicates several commands (usually landing in one entry); outcomes in order.
+    pub async fn propose_all(&self, cmds: Vec<Command>) -> Vec<Result<Outcome>> {
+        let mut rxs = Vec::with_capacity(cmds.len());
+        for cmd in cmds {
+            let bytes = bincode::serialized_size(&cmd).unwrap_or(0) as usize;
+            let (reply, rx) = oneshot::channel();
+            if self.tx.send(Pending { cmd, bytes, reply }).await.is_err() {
+                break;
+            }
+            rxs.push(rx);
+        }
+        let mut out = Vec::with_capacity(rxs.len());
+        for rx in rxs {
+            out.push(rx.await.unwrap_or_else(|_| Err(Error::Raft("proposal dropped (shutting down)".into()))));
+        }
+        out
+    }
+}
+
+async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, metrics: Arc<Metrics>, max_bytes: usize, in_flight: usize) {
+    let slots = Arc::new(Semaphore::new(in_flight.max(1)));
+    while let Some(first) = rx.recv().await {
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        // Gather everything queued while waiting for a slot.
+        let mut batch = vec![first];
+        let mut bytes = batch[0].bytes;
+        while batch.len() < MAX_BATCH_COMMANDS && bytes < max_bytes {
+            match rx.try_recv() {
+                Ok(p) => {
+                    bytes += p.bytes;
+                    batch.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        let raft = raft.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let (cmds, replies): (Vec<Command>, Vec<_>) = batch.into_iter().map(|p| (p.cmd, p.reply)).unzip();
+            let n = cmds.len();
+            let start = Instant::now();
+            let res = raft.client_write(Batch(cmds)).await;
+            metrics.commit_latency.observe(start.elapsed().as_secs_f64());
+            metrics.entry_commands.observe(n as f64);
+            drop(permit);
+            match res {
+                Ok(resp) => {
+                    let mut outs = resp.data.0.into_iter();
+                    for r in replies {
+                        let _ = r.send(outs.next().ok_or_else(|| Error::Raft("entry answered fewer outcomes".into())));
+                    }
+                }
+                Err(e) => {
+                    let err = raft_write_error(&e);
+                    for r in replies {
+                        let _ = r.send(Err(clone_err(&err)));
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn raft_write_error(e: &openraft::error::RaftError<u64, openraft::error::ClientWriteError<u64, openraft::BasicNode>>) -> Error {
+    use openraft::error::{ClientWriteError, RaftError};
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => Error::NotLeader {
+            leader: f.leader_id.zip(f.leader_node.as_ref().map(|n| n.addr.clone())),
+        },
+        other => Error::Raft(other.to_string()),
+    }
+}
+
+fn clone_err(e: &Error) -> Error {
+    match e {
+        Error::NotLeader { leader } => Error::NotLeader { leader: leader.clone() },
+        other => Error::Raft(other.to_string()),
+    }
+}
+

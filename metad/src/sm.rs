@@ -1,0 +1,43 @@
+//! Plugs the [`Core`](crate::core::Core) into `raft-log` as its state machine.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::clock::Clock;
+use crate::command::{Batch, BatchOutcome};
+use crate::core::Core;
+use crate::raft_types::TypeConfig;
+use crate::state::StateMachine;
+
+/// A handle on the shared core; `raft-log` owns one and calls `apply` for every committed entry.
+pub struct MetadSm {
+    pub core: Arc<Mutex<Core>>,
+    pub clock: Clock,
+}
+
+impl regolith_raft_log::StateMachineCore for MetadSm {
+    type C = TypeConfig;
+
+    fn apply(&mut self, _log_id: &openraft::LogId<u64>, data: &Batch) -> BatchOutcome {
+        let now = self.clock.now();
+        let mut core = self.core.lock();
+        BatchOutcome(data.0.iter().map(|c| core.apply(c, now)).collect())
+    }
+
+    fn empty_response(&self) -> BatchOutcome {
+        BatchOutcome::default()
+    }
+
+    fn write_snapshot(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+        // Held for the whole write so the snapshot is one consistent state; snapshots are rare
+        // (see `--snapshot-logs`), and the write is streamed, not buffered.
+        self.core.lock().sm().write_snapshot(w)
+    }
+
+    fn install_snapshot(&mut self, r: &mut dyn std::io::Read) -> std::io::Result<()> {
+        let sm = StateMachine::read_snapshot(r)?;
+        self.core.lock().install(sm);
+        Ok(())
+    }
+}
