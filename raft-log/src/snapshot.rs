@@ -385,7 +385,7 @@ impl SnapshotDir {
             }
         }
 
-        valid.sort_by(|a, b| a.header.meta.last_log_id.cmp(&b.header.meta.last_log_id));
+        valid.sort_by_key(|found| found.header.meta.last_log_id);
         let newest = valid.pop();
         for older in valid {
             tracing::info!(path = %older.path.display(), "removing superseded snapshot");

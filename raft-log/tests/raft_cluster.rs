@@ -35,16 +35,12 @@ struct Conn {
 }
 
 impl Conn {
-    fn node<E: std::error::Error>(&self) -> Result<Node, RPCError<u64, BasicNode, E>> {
-        self.router
-            .nodes
-            .lock()
-            .get(&self.target)
-            .cloned()
-            .ok_or_else(|| {
-                let e = io::Error::new(io::ErrorKind::NotConnected, "node is not running");
-                RPCError::Unreachable(Unreachable::new(&e))
-            })
+    fn node(&self) -> Result<Node, Unreachable> {
+        let node = self.router.nodes.lock().get(&self.target).cloned();
+        node.ok_or_else(|| {
+            let e = io::Error::new(io::ErrorKind::NotConnected, "node is not running");
+            Unreachable::new(&e)
+        })
     }
 }
 
