@@ -1,0 +1,508 @@
+//! The Raft log and vote, in sled: [`SledLogStore`] implements openraft's `RaftLogStorage`.
+//!
+//! # On-disk layout
+//!
+//! One sled database at `<data_dir>/raft.sled/` with two trees:
+//!
+//! | tree   | key                          | value                                              |
+//! |--------|------------------------------|----------------------------------------------------|
+//! | `log`  | log index, `u64` big-endian  | `bincode(openraft::Entry<C>)`                      |
+//! | `meta` | `layout`                     | layout version, `u32` little-endian (currently 1)  |
+//! | `meta` | `vote`                       | `bincode(openraft::Vote<u64>)`                     |
+//! | `meta` | `committed`                  | `bincode(openraft::LogId<u64>)`; absent = none     |
+//! | `meta` | `last_purged`                | `bincode(openraft::LogId<u64>)`; absent = none     |
+//!
+//! Keys are big-endian so that sled's byte order is log order: ranges and `last()` are plain tree
+//! operations. bincode is bincode 1.3 with its default options (little-endian, fixed-width ints).
+//!
+//! # Durability
+//!
+//! sled's `flush` writes and fsyncs everything written before it, and after a crash sled recovers
+//! a prefix of the writes, in order, across trees. The store relies on both:
+//!
+//! * `append` writes its entries as one sled batch, then hands openraft's callback to the
+//!   [group-commit flusher](crate::flusher); the callback runs after the fsync that covers it.
+//! * `save_vote` and `truncate` wait for a flush before returning.
+//! * `save_committed` does not flush: a lost update only means that, after a restart, fewer
+//!   entries are re-applied before the leader tells the node the commit index again. Because of
+//!   prefix recovery, a `committed` that did survive never points past entries that did not.
+//! * `purge` writes `last_purged` before it deletes the entries, so a crash in between leaves
+//!   extra entries below `last_purged` (ignored), never a hole.
+
+use std::fmt::Debug;
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{
+    BasicNode, Entry, ErrorSubject, ErrorVerb, LogId, LogState, OptionalSend, RaftLogReader,
+    RaftTypeConfig, StorageError, Vote,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::config::StorageConfig;
+use crate::error::{Error, Result};
+use crate::flusher::Flusher;
+use crate::stats::StorageStats;
+
+/// Name of the sled database directory inside the data directory.
+pub(crate) const SLED_DIR: &str = "raft.sled";
+
+const LOG_TREE: &str = "log";
+const META_TREE: &str = "meta";
+const KEY_LAYOUT: &str = "layout";
+const KEY_VOTE: &str = "vote";
+const KEY_COMMITTED: &str = "committed";
+const KEY_LAST_PURGED: &str = "last_purged";
+
+/// Version of the layout described in the module documentation.
+pub const LOG_LAYOUT_VERSION: u32 = 1;
+
+/// Cache used when the database is opened only to look at it (`has_state`).
+const PROBE_CACHE_BYTES: u64 = 1 << 20;
+
+/// openraft log storage on sled. Cheap to clone: clones share the database, and a clone is also
+/// the log reader openraft hands to replication tasks.
+pub struct SledLogStore<C> {
+    shared: Arc<Shared>,
+    _config: PhantomData<fn() -> C>,
+}
+
+struct Shared {
+    /// Declared first so that it is dropped first: its thread holds a `Db` handle, and joining it
+    /// before the other handles go means the database is closed when the last store is dropped.
+    flusher: Flusher,
+    log: sled::Tree,
+    meta: sled::Tree,
+    path: PathBuf,
+    max_read_bytes: u64,
+    stats: Arc<StorageStats>,
+}
+
+impl<C> Clone for SledLogStore<C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            _config: PhantomData,
+        }
+    }
+}
+
+impl<C> SledLogStore<C> {
+    /// Opens (creating if needed) the log store in `<dir>/raft.sled`, with its own stats.
+    pub fn open(dir: &Path, cfg: &StorageConfig) -> Result<Self> {
+        Self::open_with_stats(dir, cfg, Arc::default())
+    }
+
+    /// Opens the log store, counting into `stats` (shared with the state machine by
+    /// [`crate::open`]).
+    pub fn open_with_stats(
+        dir: &Path,
+        cfg: &StorageConfig,
+        stats: Arc<StorageStats>,
+    ) -> Result<Self> {
+        let path = dir.join(SLED_DIR);
+        let db = open_db(&path, cfg.sled_cache_bytes, cfg.sled_mode.into())?;
+        let log = open_tree(&db, LOG_TREE, &path)?;
+        let meta = open_tree(&db, META_TREE, &path)?;
+        check_layout(&meta, &path)?;
+        let flusher = Flusher::start(db, &path, stats.clone())?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                flusher,
+                log,
+                meta,
+                path,
+                max_read_bytes: cfg.max_read_bytes,
+                stats,
+            }),
+            _config: PhantomData,
+        })
+    }
+
+    /// The store's counters.
+    pub fn stats(&self) -> Arc<StorageStats> {
+        self.shared.stats.clone()
+    }
+
+    /// Path of the sled database.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// Waits until everything written so far is on disk.
+    pub async fn flush(&self) -> Result<()> {
+        self.shared.flusher.flush().await
+    }
+}
+
+/// Whether `dir` holds a Raft log store with a vote or log entries (purged ones included).
+/// Must not be called while the store in `dir` is open (sled locks its database).
+pub(crate) fn has_log_state(dir: &Path) -> Result<bool> {
+    let path = dir.join(SLED_DIR);
+    if !path.exists() {
+        return Ok(false);
+    }
+    let db = open_db(&path, PROBE_CACHE_BYTES, sled::Mode::LowSpace)?;
+    let log = open_tree(&db, LOG_TREE, &path)?;
+    let meta = open_tree(&db, META_TREE, &path)?;
+    let has_meta = |key: &str| {
+        meta.contains_key(key)
+            .map_err(|e| Error::sled("read the meta tree", &path, e))
+    };
+    let has_log = !log.is_empty();
+    Ok(has_log || has_meta(KEY_VOTE)? || has_meta(KEY_LAST_PURGED)?)
+}
+
+fn open_db(path: &Path, cache_bytes: u64, mode: sled::Mode) -> Result<sled::Db> {
+    sled::Config::new()
+        .path(path)
+        .cache_capacity(cache_bytes)
+        .mode(mode)
+        // Durability points are chosen by the store (see the module docs), not by a timer.
+        .flush_every_ms(None)
+        .open()
+        .map_err(|e| Error::sled("open the database", path, e))
+}
+
+fn open_tree(db: &sled::Db, name: &str, path: &Path) -> Result<sled::Tree> {
+    db.open_tree(name)
+        .map_err(|e| Error::sled("open a tree", path, e))
+}
+
+/// Stamps a fresh database with the layout version, or refuses one written in another layout.
+fn check_layout(meta: &sled::Tree, path: &Path) -> Result<()> {
+    let stored = meta
+        .get(KEY_LAYOUT)
+        .map_err(|e| Error::sled("read the layout version", path, e))?;
+    match stored {
+        None => {
+            meta.insert(KEY_LAYOUT, &LOG_LAYOUT_VERSION.to_le_bytes())
+                .map_err(|e| Error::sled("write the layout version", path, e))?;
+            Ok(())
+        }
+        Some(bytes) => {
+            let found = <[u8; 4]>::try_from(bytes.as_ref())
+                .map(u32::from_le_bytes)
+                .map_err(|_| Error::corrupt_log(path, "layout version is not 4 bytes"))?;
+            if found == LOG_LAYOUT_VERSION {
+                Ok(())
+            } else {
+                Err(Error::UnsupportedLogLayout {
+                    path: path.to_path_buf(),
+                    found,
+                    supported: LOG_LAYOUT_VERSION,
+                })
+            }
+        }
+    }
+}
+
+fn encode<T: Serialize>(value: &T, what: &'static str) -> Result<Vec<u8>> {
+    bincode::serialize(value).map_err(|source| Error::Encode { what, source })
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8], what: impl Into<String>, path: &Path) -> Result<T> {
+    bincode::deserialize(bytes).map_err(|source| Error::Decode {
+        what: what.into(),
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn key_index(key: &[u8], path: &Path) -> Result<u64> {
+    <[u8; 8]>::try_from(key)
+        .map(u64::from_be_bytes)
+        .map_err(|_| Error::corrupt_log(path, format!("log key of {} bytes", key.len())))
+}
+
+/// sled key bounds of an index range.
+type KeyRange = (Bound<[u8; 8]>, Bound<[u8; 8]>);
+
+/// Converts an index range to sled key bounds; `None` when the range is empty.
+fn key_range(range: &impl RangeBounds<u64>) -> Option<KeyRange> {
+    let start = match range.start_bound() {
+        Bound::Included(s) => *s,
+        Bound::Excluded(s) => s.checked_add(1)?,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(e) if start > *e => return None,
+        Bound::Excluded(e) if start >= *e => return None,
+        Bound::Included(e) => Bound::Included(index_key(*e)),
+        Bound::Excluded(e) => Bound::Excluded(index_key(*e)),
+        Bound::Unbounded => Bound::Unbounded,
+    };
+    Some((Bound::Included(index_key(start)), end))
+}
+
+/// The log-store operations, with crate errors; the trait impls below only map the errors.
+impl<C> SledLogStore<C>
+where
+    C: RaftTypeConfig<NodeId = u64, Node = BasicNode, Entry = Entry<C>>,
+{
+    fn read_meta<T: DeserializeOwned>(&self, key: &'static str) -> Result<Option<T>> {
+        let s = &self.shared;
+        let bytes = s
+            .meta
+            .get(key)
+            .map_err(|e| Error::sled("read the meta tree", &s.path, e))?;
+        bytes
+            .map(|b| decode(&b, format!("meta key `{key}`"), &s.path))
+            .transpose()
+    }
+
+    fn write_meta<T: Serialize>(&self, key: &'static str, value: &T) -> Result<()> {
+        let s = &self.shared;
+        s.meta
+            .insert(key, encode(value, key)?)
+            .map_err(|e| Error::sled("write the meta tree", &s.path, e))?;
+        Ok(())
+    }
+
+    fn decode_entry(&self, key: &[u8], value: &[u8]) -> Result<Entry<C>> {
+        let path = &self.shared.path;
+        let index = key_index(key, path)?;
+        let entry: Entry<C> = decode(value, format!("log entry {index}"), path)?;
+        if entry.log_id.index != index {
+            let reason = format!("entry {} stored under index {index}", entry.log_id);
+            return Err(Error::corrupt_log(path, reason));
+        }
+        Ok(entry)
+    }
+
+    /// Reads the entries in `range`, stopping before the entry that would take the encoded size
+    /// past `max_bytes` (the first entry is always returned).
+    fn read_entries(&self, range: &impl RangeBounds<u64>, max_bytes: u64) -> Result<Vec<Entry<C>>> {
+        let Some(bounds) = key_range(range) else {
+            return Ok(Vec::new());
+        };
+        let s = &self.shared;
+        let mut entries = Vec::new();
+        let mut bytes = 0u64;
+        for item in s.log.range(bounds) {
+            let (key, value) = item.map_err(|e| Error::sled("read the log", &s.path, e))?;
+            bytes += value.len() as u64;
+            if !entries.is_empty() && bytes > max_bytes {
+                break;
+            }
+            entries.push(self.decode_entry(&key, &value)?);
+        }
+        Ok(entries)
+    }
+
+    fn log_state(&self) -> Result<LogState<C>> {
+        let s = &self.shared;
+        let last_purged_log_id: Option<LogId<u64>> = self.read_meta(KEY_LAST_PURGED)?;
+        let last = s
+            .log
+            .last()
+            .map_err(|e| Error::sled("read the last log entry", &s.path, e))?;
+        let last_entry_id = match last {
+            Some((key, value)) => Some(self.decode_entry(&key, &value)?.log_id),
+            None => None,
+        };
+        // Entries at or below `last_purged` may survive a crash in the middle of a purge; the
+        // purged id is then the larger of the two.
+        let last_log_id = std::cmp::max(last_entry_id, last_purged_log_id);
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    /// Writes `entries` as one batch; returns how many there were and their encoded size.
+    fn write_entries(&self, entries: impl IntoIterator<Item = Entry<C>>) -> Result<(u64, u64)> {
+        let mut batch = sled::Batch::default();
+        let (mut count, mut bytes) = (0u64, 0u64);
+        for entry in entries {
+            let value = encode(&entry, "log entry")?;
+            bytes += value.len() as u64;
+            count += 1;
+            batch.insert(&index_key(entry.log_id.index), value);
+        }
+        let s = &self.shared;
+        s.log
+            .apply_batch(batch)
+            .map_err(|e| Error::sled("append to the log", &s.path, e))?;
+        Ok((count, bytes))
+    }
+
+    /// Deletes the entries in `range` in one batch.
+    fn delete_entries(&self, range: &impl RangeBounds<u64>) -> Result<()> {
+        let Some(bounds) = key_range(range) else {
+            return Ok(());
+        };
+        let s = &self.shared;
+        let mut batch = sled::Batch::default();
+        for key in s.log.range(bounds).keys() {
+            let key = key.map_err(|e| Error::sled("read the log", &s.path, e))?;
+            batch.remove(key);
+        }
+        s.log
+            .apply_batch(batch)
+            .map_err(|e| Error::sled("delete from the log", &s.path, e))
+    }
+
+    fn purge_upto(&self, log_id: LogId<u64>) -> Result<()> {
+        let previous: Option<LogId<u64>> = self.read_meta(KEY_LAST_PURGED)?;
+        // openraft only purges forward; never move the mark back if it were asked to.
+        if previous.is_some_and(|p| p >= log_id) {
+            return Ok(());
+        }
+        // Mark first, delete second: see "Durability" in the module docs.
+        self.write_meta(KEY_LAST_PURGED, &log_id)?;
+        self.delete_entries(&(..=log_id.index))
+    }
+
+    fn save_committed_sync(&self, committed: Option<LogId<u64>>) -> Result<()> {
+        match committed {
+            Some(log_id) => self.write_meta(KEY_COMMITTED, &log_id),
+            None => {
+                let s = &self.shared;
+                s.meta
+                    .remove(KEY_COMMITTED)
+                    .map_err(|e| Error::sled("write the meta tree", &s.path, e))?;
+                Ok(())
+            }
+        }
+    }
+}
+
+fn logs_error(verb: ErrorVerb) -> impl FnOnce(Error) -> StorageError<u64> {
+    move |e| e.into_storage(ErrorSubject::Logs, verb)
+}
+
+fn vote_error(verb: ErrorVerb) -> impl FnOnce(Error) -> StorageError<u64> {
+    move |e| e.into_storage(ErrorSubject::Vote, verb)
+}
+
+fn log_error(log_id: LogId<u64>, verb: ErrorVerb) -> impl FnOnce(Error) -> StorageError<u64> {
+    move |e| e.into_storage(ErrorSubject::Log(log_id), verb)
+}
+
+impl<C> RaftLogReader<C> for SledLogStore<C>
+where
+    C: RaftTypeConfig<NodeId = u64, Node = BasicNode, Entry = Entry<C>>,
+{
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<C>>, StorageError<u64>> {
+        self.read_entries(&range, u64::MAX)
+            .map_err(logs_error(ErrorVerb::Read))
+    }
+
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry<C>>, StorageError<u64>> {
+        self.read_entries(&(start..end), self.shared.max_read_bytes)
+            .map_err(logs_error(ErrorVerb::Read))
+    }
+}
+
+impl<C> RaftLogStorage<C> for SledLogStore<C>
+where
+    C: RaftTypeConfig<NodeId = u64, Node = BasicNode, Entry = Entry<C>>,
+{
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<u64>> {
+        self.log_state().map_err(logs_error(ErrorVerb::Read))
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
+        self.write_meta(KEY_VOTE, vote)
+            .map_err(vote_error(ErrorVerb::Write))?;
+        self.shared
+            .flusher
+            .flush()
+            .await
+            .map_err(vote_error(ErrorVerb::Write))
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError<u64>> {
+        self.read_meta(KEY_VOTE)
+            .map_err(vote_error(ErrorVerb::Read))
+    }
+
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<u64>>,
+    ) -> Result<(), StorageError<u64>> {
+        self.save_committed_sync(committed)
+            .map_err(logs_error(ErrorVerb::Write))
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError<u64>> {
+        self.read_meta(KEY_COMMITTED)
+            .map_err(logs_error(ErrorVerb::Read))
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<C>,
+    ) -> Result<(), StorageError<u64>>
+    where
+        I: IntoIterator<Item = Entry<C>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let (count, bytes) = self
+            .write_entries(entries)
+            .map_err(logs_error(ErrorVerb::Write))?;
+        self.shared.stats.record_append(count, bytes);
+        self.shared
+            .flusher
+            .enqueue(Box::new(move |res| callback.log_io_completed(res)))
+            .map_err(logs_error(ErrorVerb::Write))
+    }
+
+    async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
+        self.delete_entries(&(log_id.index..))
+            .map_err(log_error(log_id, ErrorVerb::Delete))?;
+        // Rare (a leader change with conflicting entries), so make it durable at once rather than
+        // reason about a truncation that could be undone by a crash.
+        self.shared
+            .flusher
+            .flush()
+            .await
+            .map_err(log_error(log_id, ErrorVerb::Delete))
+    }
+
+    async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
+        self.purge_upto(log_id)
+            .map_err(log_error(log_id, ErrorVerb::Delete))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_range_handles_edges() {
+        assert!(key_range(&(3..3)).is_none());
+        assert!(key_range(&(Bound::Included(4), Bound::Included(3))).is_none());
+        assert!(key_range(&(5..)).is_some());
+        let excl = (Bound::Excluded(u64::MAX), Bound::Unbounded);
+        assert!(key_range(&excl).is_none());
+        assert_eq!(
+            key_range(&(1..=2)),
+            Some((Bound::Included(index_key(1)), Bound::Included(index_key(2))))
+        );
+    }
+}

@@ -1,0 +1,474 @@
+//! Durability across restarts, snapshot files on disk, and snapshot installation.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::{blank, log_id, open, set, Kv, Sm, TypeConfig};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::{
+    Entry, EntryPayload, LogState, Membership, RaftLogReader, RaftSnapshotBuilder, Vote,
+};
+use regolith_raft_log::{has_state, Error, SledStateMachine};
+use tokio::io::AsyncWriteExt;
+
+fn membership(term: u64, index: u64, voters: &[u64]) -> Entry<TypeConfig> {
+    let voters: BTreeSet<u64> = voters.iter().copied().collect();
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Membership(Membership::new(vec![voters], None)),
+    }
+}
+
+fn files_in(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    files.sort();
+    files
+}
+
+fn snapshot_dir(data: &Path) -> PathBuf {
+    data.join("snapshots")
+}
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Applies a membership change and two sets, and builds a snapshot of that; returns its path.
+async fn build_snapshot_at_4(sm: &mut Sm) -> PathBuf {
+    sm.apply([
+        blank(1, 1),
+        membership(1, 2, &[1, 2, 3]),
+        set(1, 3, "a", "1"),
+        set(1, 4, "b", "2"),
+    ])
+    .await
+    .unwrap();
+    let snap = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    assert_eq!(snap.meta.last_log_id, Some(log_id(1, 4)));
+    let files = files_in(&snapshot_dir(sm.snapshot_dir().parent().unwrap()), "snap");
+    assert_eq!(files.len(), 1, "{files:?}");
+    files.into_iter().next().unwrap()
+}
+
+#[tokio::test]
+async fn log_vote_and_committed_survive_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut store, _sm, _kv) = open(dir.path());
+        let entries: Vec<_> = (1..=10).map(|i| set(1, i, &format!("k{i}"), "v")).collect();
+        store.blocking_append(entries).await.unwrap();
+        store.save_vote(&Vote::new(3, 1)).await.unwrap();
+        store.save_committed(Some(log_id(1, 7))).await.unwrap();
+        store.purge(log_id(1, 2)).await.unwrap();
+        // save_committed and purge are made durable by the next flush.
+        store.flush().await.unwrap();
+    }
+
+    let (mut store, _sm, _kv) = open(dir.path());
+    assert_eq!(
+        store.get_log_state().await.unwrap(),
+        LogState {
+            last_purged_log_id: Some(log_id(1, 2)),
+            last_log_id: Some(log_id(1, 10)),
+        }
+    );
+    assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(3, 1)));
+    assert_eq!(store.read_committed().await.unwrap(), Some(log_id(1, 7)));
+    let entries = store.try_get_log_entries(0..).await.unwrap();
+    let indexes: Vec<u64> = entries.iter().map(|e| e.log_id.index).collect();
+    assert_eq!(indexes, (3..=10).collect::<Vec<_>>());
+    assert_eq!(entries[0], set(1, 3, "k3", "v"));
+
+    store.truncate(log_id(1, 8)).await.unwrap();
+    drop(store);
+
+    let (mut store, _sm, _kv) = open(dir.path());
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(state.last_log_id, Some(log_id(1, 7)));
+    assert_eq!(store.try_get_log_entries(8..).await.unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn purging_everything_keeps_the_last_purged_id() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut store, _sm, _kv) = open(dir.path());
+        store
+            .blocking_append((1..=5).map(|i| blank(2, i)))
+            .await
+            .unwrap();
+        store.purge(log_id(2, 5)).await.unwrap();
+        store.flush().await.unwrap();
+    }
+    let (mut store, _sm, _kv) = open(dir.path());
+    assert_eq!(
+        store.get_log_state().await.unwrap(),
+        LogState {
+            last_purged_log_id: Some(log_id(2, 5)),
+            last_log_id: Some(log_id(2, 5)),
+        }
+    );
+}
+
+#[tokio::test]
+async fn limited_reads_are_capped_by_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = regolith_raft_log::StorageConfig {
+        max_read_bytes: 3000,
+        ..Default::default()
+    };
+    let mut store = regolith_raft_log::SledLogStore::<TypeConfig>::open(dir.path(), &cfg).unwrap();
+    let big = "x".repeat(1000);
+    store
+        .blocking_append((1..=10).map(|i| set(1, i, "k", &big)))
+        .await
+        .unwrap();
+    let got = store.limited_get_log_entries(1, 11).await.unwrap();
+    assert_eq!(
+        got.len(),
+        2,
+        "two ~1 KiB entries fit in 3000 bytes, three do not"
+    );
+
+    let cfg = regolith_raft_log::StorageConfig {
+        max_read_bytes: 10,
+        ..Default::default()
+    };
+    drop(store);
+    let mut store = regolith_raft_log::SledLogStore::<TypeConfig>::open(dir.path(), &cfg).unwrap();
+    let got = store.limited_get_log_entries(4, 11).await.unwrap();
+    assert_eq!(
+        got.len(),
+        1,
+        "an entry over the cap is still returned alone"
+    );
+    assert_eq!(got[0].log_id.index, 4);
+}
+
+#[tokio::test]
+async fn apply_returns_the_state_machine_responses() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, mut sm, kv) = open(dir.path());
+    let handle = sm.applied_handle();
+    let out = sm
+        .apply([
+            set(1, 1, "a", "1"),
+            blank(1, 2),
+            set(1, 3, "a", "2"),
+            membership(1, 4, &[1]),
+        ])
+        .await
+        .unwrap();
+    let previous: Vec<Option<String>> = out.into_iter().map(|r| r.previous).collect();
+    assert_eq!(previous, vec![None, None, Some("1".into()), None]);
+    assert_eq!(kv.get("a").as_deref(), Some("2"));
+    assert_eq!(handle.last_applied(), Some(log_id(1, 4)));
+    assert_eq!(handle.wait_applied(4).await, Some(log_id(1, 4)));
+    let (applied, mem) = sm.applied_state().await.unwrap();
+    assert_eq!(applied, Some(log_id(1, 4)));
+    assert_eq!(mem.log_id(), &Some(log_id(1, 4)));
+}
+
+#[tokio::test]
+async fn snapshot_restores_the_state_machine_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected_membership;
+    {
+        let (_store, mut sm, _kv) = open(dir.path());
+        build_snapshot_at_4(&mut sm).await;
+        expected_membership = sm.applied_state().await.unwrap().1;
+        assert_eq!(sm.stats().snapshot_builds(), 1);
+        assert!(sm.stats().last_snapshot_bytes() > 32);
+    }
+
+    let (_store, mut sm, kv) = open(dir.path());
+    assert_eq!(kv.snapshot(), map(&[("a", "1"), ("b", "2")]));
+    assert_eq!(sm.last_applied(), Some(log_id(1, 4)));
+    assert_eq!(
+        sm.applied_state().await.unwrap(),
+        (Some(log_id(1, 4)), expected_membership)
+    );
+    let current = sm
+        .get_current_snapshot()
+        .await
+        .unwrap()
+        .expect("a current snapshot");
+    assert_eq!(current.meta.last_log_id, Some(log_id(1, 4)));
+    assert_eq!(sm.current_snapshot_meta(), Some(current.meta));
+    assert!(files_in(&snapshot_dir(dir.path()), "tmp").is_empty());
+}
+
+#[tokio::test]
+async fn a_new_snapshot_replaces_the_old_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, mut sm, _kv) = open(dir.path());
+    let first = build_snapshot_at_4(&mut sm).await;
+    sm.apply([set(1, 5, "c", "3")]).await.unwrap();
+    let snap = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    assert_eq!(snap.meta.last_log_id, Some(log_id(1, 5)));
+    let files = files_in(&snapshot_dir(dir.path()), "snap");
+    assert_eq!(files.len(), 1);
+    assert_ne!(files[0], first);
+}
+
+/// Streams `from`'s current snapshot into a file `to` handed out, as openraft does.
+async fn stream_snapshot(
+    from: &mut Sm,
+    to: &mut Sm,
+) -> openraft::SnapshotMeta<u64, openraft::BasicNode> {
+    let mut current = from.get_current_snapshot().await.unwrap().unwrap();
+    let mut receiving = to.begin_receiving_snapshot().await.unwrap();
+    tokio::io::copy(&mut *current.snapshot, &mut *receiving)
+        .await
+        .unwrap();
+    to.install_snapshot(&current.meta, receiving).await.unwrap();
+    current.meta
+}
+
+#[tokio::test]
+async fn installing_a_received_snapshot_replaces_the_state() {
+    let leader_dir = tempfile::tempdir().unwrap();
+    let follower_dir = tempfile::tempdir().unwrap();
+    let (_ls, mut leader, leader_kv) = open(leader_dir.path());
+    let (_fs, mut follower, follower_kv) = open(follower_dir.path());
+    build_snapshot_at_4(&mut leader).await;
+    follower.apply([set(1, 1, "stale", "x")]).await.unwrap();
+
+    let meta = stream_snapshot(&mut leader, &mut follower).await;
+
+    assert_eq!(follower_kv.snapshot(), leader_kv.snapshot());
+    assert_eq!(
+        follower.applied_state().await.unwrap(),
+        leader.applied_state().await.unwrap()
+    );
+    assert_eq!(follower.last_applied(), Some(log_id(1, 4)));
+    let current = follower.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(current.meta, meta);
+    assert_eq!(follower.stats().snapshot_installs(), 1);
+    let sdir = snapshot_dir(follower_dir.path());
+    assert_eq!(files_in(&sdir, "snap").len(), 1);
+    assert!(files_in(&sdir, "tmp").is_empty());
+
+    drop((_fs, follower));
+    let (_fs, follower, kv) = open(follower_dir.path());
+    assert_eq!(kv.snapshot(), map(&[("a", "1"), ("b", "2")]));
+    assert_eq!(follower.last_applied(), Some(log_id(1, 4)));
+}
+
+#[tokio::test]
+async fn installing_from_a_foreign_file_handle_copies_it() {
+    // openraft's own suite swaps the handed-out file for the leader's snapshot file.
+    let leader_dir = tempfile::tempdir().unwrap();
+    let follower_dir = tempfile::tempdir().unwrap();
+    let (_ls, mut leader, _leader_kv) = open(leader_dir.path());
+    let (_fs, mut follower, follower_kv) = open(follower_dir.path());
+    build_snapshot_at_4(&mut leader).await;
+
+    let current = leader.get_current_snapshot().await.unwrap().unwrap();
+    let _unused = follower.begin_receiving_snapshot().await.unwrap();
+    follower
+        .install_snapshot(&current.meta, current.snapshot)
+        .await
+        .unwrap();
+    assert_eq!(follower_kv.snapshot(), map(&[("a", "1"), ("b", "2")]));
+    // The leader's file is untouched.
+    assert_eq!(files_in(&snapshot_dir(leader_dir.path()), "snap").len(), 1);
+    assert_eq!(
+        files_in(&snapshot_dir(follower_dir.path()), "snap").len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_received_snapshot_must_match_its_meta() {
+    let leader_dir = tempfile::tempdir().unwrap();
+    let follower_dir = tempfile::tempdir().unwrap();
+    let (_ls, mut leader, _) = open(leader_dir.path());
+    let (_fs, mut follower, follower_kv) = open(follower_dir.path());
+    build_snapshot_at_4(&mut leader).await;
+    follower.apply([set(1, 1, "mine", "1")]).await.unwrap();
+
+    let mut current = leader.get_current_snapshot().await.unwrap().unwrap();
+    let mut receiving = follower.begin_receiving_snapshot().await.unwrap();
+    tokio::io::copy(&mut *current.snapshot, &mut *receiving)
+        .await
+        .unwrap();
+    let mut other = current.meta.clone();
+    other.snapshot_id = "someone-else".into();
+    let err = follower
+        .install_snapshot(&other, receiving)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("someone-else"), "{err}");
+    assert_eq!(follower_kv.snapshot(), map(&[("mine", "1")]));
+    assert!(follower.get_current_snapshot().await.unwrap().is_none());
+    assert!(files_in(&snapshot_dir(follower_dir.path()), "tmp").is_empty());
+}
+
+#[tokio::test]
+async fn garbage_and_truncated_snapshot_files_are_ignored_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let sdir = snapshot_dir(dir.path());
+    let valid = {
+        let (_store, mut sm, _kv) = open(dir.path());
+        build_snapshot_at_4(&mut sm).await
+    };
+    let bytes = fs::read(&valid).unwrap();
+    // A crash while building leaves a partial temp file; a damaged disk a truncated snapshot
+    // whose name claims it is newer.
+    fs::write(sdir.join("build-1-0.tmp"), &bytes[..bytes.len() / 2]).unwrap();
+    let truncated = sdir.join("snap-00000000000000000099-newer.snap");
+    fs::write(&truncated, &bytes[..bytes.len() - 3]).unwrap();
+    fs::write(
+        sdir.join("snap-00000000000000000098-garbage.snap"),
+        b"not a snapshot",
+    )
+    .unwrap();
+
+    let (_store, sm, kv) = open(dir.path());
+    assert_eq!(kv.snapshot(), map(&[("a", "1"), ("b", "2")]));
+    assert_eq!(sm.last_applied(), Some(log_id(1, 4)));
+    assert_eq!(files_in(&sdir, "snap"), vec![valid]);
+    assert!(files_in(&sdir, "tmp").is_empty(), "temp files are removed");
+    assert_eq!(
+        files_in(&sdir, "corrupt").len(),
+        2,
+        "corrupt snapshots are set aside"
+    );
+}
+
+#[tokio::test]
+async fn a_lone_corrupt_snapshot_leaves_an_empty_state_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let valid = {
+        let (_store, mut sm, _kv) = open(dir.path());
+        build_snapshot_at_4(&mut sm).await
+    };
+    let bytes = fs::read(&valid).unwrap();
+    let mut flipped = bytes.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 0xff;
+    fs::write(&valid, &flipped).unwrap();
+
+    let (_store, mut sm, kv) = open(dir.path());
+    assert_eq!(kv.len(), 0);
+    assert_eq!(sm.last_applied(), None);
+    assert!(sm.get_current_snapshot().await.unwrap().is_none());
+}
+
+fn with_version(bytes: &[u8], version: u32) -> Vec<u8> {
+    let mut out = bytes.to_vec();
+    out[8..12].copy_from_slice(&version.to_le_bytes());
+    out
+}
+
+#[tokio::test]
+async fn an_unknown_snapshot_version_is_refused_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let valid = {
+        let (_store, mut sm, _kv) = open(dir.path());
+        build_snapshot_at_4(&mut sm).await
+    };
+    let bytes = fs::read(&valid).unwrap();
+    fs::write(&valid, with_version(&bytes, 7)).unwrap();
+
+    let err = SledStateMachine::open(dir.path(), Kv::default())
+        .err()
+        .expect("open must refuse a snapshot in an unknown format");
+    assert!(
+        matches!(
+            err,
+            Error::UnsupportedSnapshotVersion {
+                found: 7,
+                supported: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("format version 7") && msg.contains(valid.to_str().unwrap()),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_snapshot_version_is_refused_on_install() {
+    let leader_dir = tempfile::tempdir().unwrap();
+    let follower_dir = tempfile::tempdir().unwrap();
+    let (_ls, mut leader, _) = open(leader_dir.path());
+    let (_fs, mut follower, follower_kv) = open(follower_dir.path());
+    let valid = build_snapshot_at_4(&mut leader).await;
+    let meta = leader.current_snapshot_meta().unwrap();
+    follower.apply([set(1, 1, "mine", "1")]).await.unwrap();
+
+    let mut receiving = follower.begin_receiving_snapshot().await.unwrap();
+    let bytes = with_version(&fs::read(&valid).unwrap(), 2);
+    receiving.write_all(&bytes).await.unwrap();
+    let err = follower
+        .install_snapshot(&meta, receiving)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("format version 2"), "{err}");
+    assert_eq!(follower_kv.snapshot(), map(&[("mine", "1")]));
+    assert_eq!(follower.last_applied(), Some(log_id(1, 1)));
+}
+
+#[tokio::test]
+async fn has_state_sees_votes_logs_and_snapshots() {
+    let root = tempfile::tempdir().unwrap();
+    assert!(!has_state(&root.path().join("missing")).unwrap());
+
+    let empty = root.path().join("empty");
+    drop(open(&empty));
+    assert!(
+        !has_state(&empty).unwrap(),
+        "opening alone creates no state"
+    );
+
+    let voted = root.path().join("voted");
+    {
+        let (mut store, _sm, _kv) = open(&voted);
+        store.save_vote(&Vote::new(1, 1)).await.unwrap();
+    }
+    assert!(has_state(&voted).unwrap());
+
+    let logged = root.path().join("logged");
+    {
+        let (mut store, _sm, _kv) = open(&logged);
+        store.blocking_append([blank(1, 1)]).await.unwrap();
+    }
+    assert!(has_state(&logged).unwrap());
+
+    let snapshotted = root.path().join("snapshotted");
+    {
+        let (_store, mut sm, _kv) = open(&snapshotted);
+        build_snapshot_at_4(&mut sm).await;
+    }
+    fs::remove_dir_all(snapshotted.join("raft.sled")).unwrap();
+    assert!(has_state(&snapshotted).unwrap());
+
+    // has_state must not leave the database locked.
+    drop(open(&voted));
+}
