@@ -291,12 +291,11 @@ async fn installing_from_a_foreign_file_handle_copies_it() {
         .await
         .unwrap();
     assert_eq!(follower_kv.snapshot(), map(&[("a", "1"), ("b", "2")]));
-    // The leader's file is untouched.
+    // The leader's file is untouched; the unused receive file is cleaned up.
     assert_eq!(files_in(&snapshot_dir(leader_dir.path()), "snap").len(), 1);
-    assert_eq!(
-        files_in(&snapshot_dir(follower_dir.path()), "snap").len(),
-        1
-    );
+    let follower_snapshots = snapshot_dir(follower_dir.path());
+    assert_eq!(files_in(&follower_snapshots, "snap").len(), 1);
+    assert!(files_in(&follower_snapshots, "tmp").is_empty());
 }
 
 #[tokio::test]
