@@ -14,7 +14,11 @@ use crate::config::CacheConfig;
 use crate::error::{Error, Result};
 
 #[derive(Parser, Debug, Default, Clone)]
-#[command(name = "regolith-metad", version, about = "One replica of Regolith's Raft-replicated metadata service")]
+#[command(
+    name = "regolith-metad",
+    version,
+    about = "One replica of Regolith's Raft-replicated metadata service"
+)]
 pub struct Args {
     /// Numeric id of this replica (unique in the cluster, > 0).
     #[arg(long, env = "REGOLITH_ID")]
@@ -42,9 +46,17 @@ pub struct Args {
     #[arg(long, env = "REGOLITH_CLUSTER_TOKEN_FILE")]
     pub cluster_token_file: Option<PathBuf>,
     /// Serve the Mooncake-compatible metadata KV at --http-metadata-addr.
-    #[arg(long, alias = "enable_http_metadata_server", env = "REGOLITH_ENABLE_HTTP_METADATA_SERVER")]
+    #[arg(
+        long,
+        alias = "enable_http_metadata_server",
+        env = "REGOLITH_ENABLE_HTTP_METADATA_SERVER"
+    )]
     pub enable_http_metadata_server: bool,
-    #[arg(long, alias = "http_metadata_addr", env = "REGOLITH_HTTP_METADATA_ADDR")]
+    #[arg(
+        long,
+        alias = "http_metadata_addr",
+        env = "REGOLITH_HTTP_METADATA_ADDR"
+    )]
     pub http_metadata_addr: Option<String>,
 
     /// Read lease a get grants (e.g. 5s).
@@ -56,7 +68,11 @@ pub struct Args {
     /// A reservation not committed within this is quarantined (e.g. 30s).
     #[arg(long, env = "REGOLITH_PUT_TIMEOUT")]
     pub put_timeout: Option<String>,
-    #[arg(long, alias = "eviction_high_watermark_ratio", env = "REGOLITH_EVICTION_HIGH_WATERMARK")]
+    #[arg(
+        long,
+        alias = "eviction_high_watermark_ratio",
+        env = "REGOLITH_EVICTION_HIGH_WATERMARK"
+    )]
     pub eviction_high_watermark: Option<f64>,
     #[arg(long, env = "REGOLITH_EVICTION_RATIO")]
     pub eviction_ratio: Option<f64>,
@@ -177,14 +193,20 @@ pub fn normalize_argv(argv: impl IntoIterator<Item = String>) -> Vec<String> {
 pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
     let mut out = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (id, addr) = part
-            .split_once('=')
-            .ok_or_else(|| Error::Config(format!("--peers entry {part:?}: expected ID=HOST:PORT")))?;
-        let id: u64 = id.trim().parse().map_err(|_| Error::Config(format!("--peers entry {part:?}: id is not a number")))?;
+        let (id, addr) = part.split_once('=').ok_or_else(|| {
+            Error::Config(format!("--peers entry {part:?}: expected ID=HOST:PORT"))
+        })?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| Error::Config(format!("--peers entry {part:?}: id is not a number")))?;
         if id == 0 {
-            return Err(Error::Config(format!("--peers entry {part:?}: ids start at 1")));
+            return Err(Error::Config(format!(
+                "--peers entry {part:?}: ids start at 1"
+            )));
         }
-        regolith_proto::client::parse_addrs(addr.trim()).map_err(|e| Error::Config(format!("--peers entry {part:?}: {e}")))?;
+        regolith_proto::client::parse_addrs(addr.trim())
+            .map_err(|e| Error::Config(format!("--peers entry {part:?}: {e}")))?;
         if out.insert(id, addr.trim().to_string()).is_some() {
             return Err(Error::Config(format!("--peers names id {id} twice")));
         }
@@ -193,7 +215,8 @@ pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
 }
 
 fn sock(flag: &str, v: &str) -> Result<SocketAddr> {
-    v.parse().map_err(|_| Error::Config(format!("--{flag} {v:?}: expected IP:PORT")))
+    v.parse()
+        .map_err(|_| Error::Config(format!("--{flag} {v:?}: expected IP:PORT")))
 }
 
 fn dur(flag: &str, v: Option<String>, default: Duration) -> Result<Duration> {
@@ -216,40 +239,69 @@ impl Args {
         let file: FileConfig = match &self.config {
             None => FileConfig::default(),
             Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", p.display())))?;
-                toml::from_str(&text).map_err(|e| Error::Config(format!("config file {}: {e}", p.display())))?
+                let text = std::fs::read_to_string(p).map_err(|e| {
+                    Error::Config(format!("cannot read config file {}: {e}", p.display()))
+                })?;
+                toml::from_str(&text)
+                    .map_err(|e| Error::Config(format!("config file {}: {e}", p.display())))?
             }
         };
-        let id = self.id.or(file.id).ok_or_else(|| Error::Config("--id is required".into()))?;
+        let id = self
+            .id
+            .or(file.id)
+            .ok_or_else(|| Error::Config("--id is required".into()))?;
         if id == 0 {
             return Err(Error::Config("--id must be positive".into()));
         }
-        let listen = sock("listen", &self.listen.or(file.listen).unwrap_or_else(|| "0.0.0.0:50051".into()))?;
+        let listen = sock(
+            "listen",
+            &self
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| "0.0.0.0:50051".into()),
+        )?;
         let peers = match self.peers.or(file.peers) {
             Some(p) => parse_peers(&p)?,
             None => BTreeMap::new(),
         };
         let bootstrap = self.bootstrap || file.bootstrap.unwrap_or(false);
         if bootstrap && !peers.contains_key(&id) {
-            return Err(Error::Config(format!("--bootstrap needs --peers to include this replica (id {id})")));
+            return Err(Error::Config(format!(
+                "--bootstrap needs --peers to include this replica (id {id})"
+            )));
         }
         let advertise = self
             .advertise
             .or(file.advertise)
             .or_else(|| peers.get(&id).cloned())
             .unwrap_or_else(|| listen.to_string());
-        let data_dir = self.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from(format!("metad-{id}")));
-        let metrics_addr = sock("metrics-addr", &self.metrics_addr.or(file.metrics_addr).unwrap_or_else(|| "0.0.0.0:9003".into()))?;
+        let data_dir = self
+            .data_dir
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from(format!("metad-{id}")));
+        let metrics_addr = sock(
+            "metrics-addr",
+            &self
+                .metrics_addr
+                .or(file.metrics_addr)
+                .unwrap_or_else(|| "0.0.0.0:9003".into()),
+        )?;
         let token = match self.cluster_token_file.or(file.cluster_token_file) {
-            Some(p) => Some(regolith_proto::auth::read_token_file(&p).map_err(|e| Error::Config(e.to_string()))?),
+            Some(p) => Some(
+                regolith_proto::auth::read_token_file(&p)
+                    .map_err(|e| Error::Config(e.to_string()))?,
+            ),
             None => None,
         };
-        let http_enabled = self.enable_http_metadata_server || file.enable_http_metadata_server.unwrap_or(false);
+        let http_enabled =
+            self.enable_http_metadata_server || file.enable_http_metadata_server.unwrap_or(false);
         let http_metadata_addr = if http_enabled {
             Some(sock(
                 "http-metadata-addr",
-                &self.http_metadata_addr.or(file.http_metadata_addr).unwrap_or_else(|| "0.0.0.0:8080".into()),
+                &self
+                    .http_metadata_addr
+                    .or(file.http_metadata_addr)
+                    .unwrap_or_else(|| "0.0.0.0:8080".into()),
             )?)
         } else {
             None
@@ -257,38 +309,99 @@ impl Args {
         let d = CacheConfig::default();
         let ms = |d: Duration| d.as_millis() as u64;
         let cache = CacheConfig {
-            lease_ttl_ms: ms(dur("lease-ttl", self.lease_ttl.or(file.lease_ttl), Duration::from_millis(d.lease_ttl_ms))?),
-            node_ttl_ms: ms(dur("node-ttl", self.node_ttl.or(file.node_ttl), Duration::from_millis(d.node_ttl_ms))?),
-            put_timeout_ms: ms(dur("put-timeout", self.put_timeout.or(file.put_timeout), Duration::from_millis(d.put_timeout_ms))?),
-            eviction_high_watermark: self.eviction_high_watermark.or(file.eviction_high_watermark).unwrap_or(d.eviction_high_watermark),
-            eviction_ratio: self.eviction_ratio.or(file.eviction_ratio).unwrap_or(d.eviction_ratio),
-            hard_pin_max_ratio: self.hard_pin_max_ratio.or(file.hard_pin_max_ratio).unwrap_or(d.hard_pin_max_ratio),
-            soft_pin_ttl_ms: ms(dur("soft-pin-ttl", self.soft_pin_ttl.or(file.soft_pin_ttl), Duration::from_millis(d.soft_pin_ttl_ms))?),
-            drain_timeout_ms: ms(dur("drain-timeout", self.drain_timeout.or(file.drain_timeout), Duration::from_millis(d.drain_timeout_ms))?),
-            max_key_len: self.max_key_len.or(file.max_key_len).unwrap_or(d.max_key_len),
+            lease_ttl_ms: ms(dur(
+                "lease-ttl",
+                self.lease_ttl.or(file.lease_ttl),
+                Duration::from_millis(d.lease_ttl_ms),
+            )?),
+            node_ttl_ms: ms(dur(
+                "node-ttl",
+                self.node_ttl.or(file.node_ttl),
+                Duration::from_millis(d.node_ttl_ms),
+            )?),
+            put_timeout_ms: ms(dur(
+                "put-timeout",
+                self.put_timeout.or(file.put_timeout),
+                Duration::from_millis(d.put_timeout_ms),
+            )?),
+            eviction_high_watermark: self
+                .eviction_high_watermark
+                .or(file.eviction_high_watermark)
+                .unwrap_or(d.eviction_high_watermark),
+            eviction_ratio: self
+                .eviction_ratio
+                .or(file.eviction_ratio)
+                .unwrap_or(d.eviction_ratio),
+            hard_pin_max_ratio: self
+                .hard_pin_max_ratio
+                .or(file.hard_pin_max_ratio)
+                .unwrap_or(d.hard_pin_max_ratio),
+            soft_pin_ttl_ms: ms(dur(
+                "soft-pin-ttl",
+                self.soft_pin_ttl.or(file.soft_pin_ttl),
+                Duration::from_millis(d.soft_pin_ttl_ms),
+            )?),
+            drain_timeout_ms: ms(dur(
+                "drain-timeout",
+                self.drain_timeout.or(file.drain_timeout),
+                Duration::from_millis(d.drain_timeout_ms),
+            )?),
+            max_key_len: self
+                .max_key_len
+                .or(file.max_key_len)
+                .unwrap_or(d.max_key_len),
             ..d
         };
         cache.validate().map_err(Error::Config)?;
-        let heartbeat_interval = dur("heartbeat-interval", self.heartbeat_interval.or(file.heartbeat_interval), Duration::from_millis(150))?;
-        let election_timeout_min = dur("election-timeout-min", self.election_timeout_min.or(file.election_timeout_min), Duration::from_millis(600))?;
-        let election_timeout_max = dur("election-timeout-max", self.election_timeout_max.or(file.election_timeout_max), election_timeout_min * 5 / 3)?;
-        if election_timeout_min <= heartbeat_interval * 2 || election_timeout_max <= election_timeout_min {
+        let heartbeat_interval = dur(
+            "heartbeat-interval",
+            self.heartbeat_interval.or(file.heartbeat_interval),
+            Duration::from_millis(150),
+        )?;
+        let election_timeout_min = dur(
+            "election-timeout-min",
+            self.election_timeout_min.or(file.election_timeout_min),
+            Duration::from_millis(600),
+        )?;
+        let election_timeout_max = dur(
+            "election-timeout-max",
+            self.election_timeout_max.or(file.election_timeout_max),
+            election_timeout_min * 5 / 3,
+        )?;
+        if election_timeout_min <= heartbeat_interval * 2
+            || election_timeout_max <= election_timeout_min
+        {
             return Err(Error::Config(format!(
                 "need heartbeat-interval ({heartbeat_interval:?}) < election-timeout-min/2 ({election_timeout_min:?}) and election-timeout-min < election-timeout-max ({election_timeout_max:?})"
             )));
         }
-        let max_entry_bytes = size("max-entry-bytes", self.max_entry_bytes.or(file.max_entry_bytes), 1 << 20)? as usize;
-        let raft_max_message_bytes = size("raft-max-message-bytes", self.raft_max_message_bytes.or(file.raft_max_message_bytes), 16 << 20)? as usize;
+        let max_entry_bytes = size(
+            "max-entry-bytes",
+            self.max_entry_bytes.or(file.max_entry_bytes),
+            1 << 20,
+        )? as usize;
+        let raft_max_message_bytes = size(
+            "raft-max-message-bytes",
+            self.raft_max_message_bytes.or(file.raft_max_message_bytes),
+            16 << 20,
+        )? as usize;
         if max_entry_bytes * 2 > raft_max_message_bytes || max_entry_bytes < 4096 {
             return Err(Error::Config(format!(
                 "--max-entry-bytes ({max_entry_bytes}) must be at least 4096 and at most half of --raft-max-message-bytes ({raft_max_message_bytes})"
             )));
         }
-        let log_format = self.log_format.or(file.log_format).unwrap_or_else(|| "text".into());
+        let log_format = self
+            .log_format
+            .or(file.log_format)
+            .unwrap_or_else(|| "text".into());
         let json_logs = match log_format.as_str() {
             "text" => false,
             "json" => true,
-            other => return Err(Error::Config(format!("--log-format {other:?}: use text or json"))),
+            other => {
+                return Err(Error::Config(format!(
+                    "--log-format {other:?}: use text or json"
+                )))
+            }
         };
         Ok(Settings {
             id,
@@ -304,7 +417,11 @@ impl Args {
             heartbeat_interval,
             election_timeout_min,
             election_timeout_max,
-            snapshot_logs: self.snapshot_logs.or(file.snapshot_logs).unwrap_or(20_000).max(100),
+            snapshot_logs: self
+                .snapshot_logs
+                .or(file.snapshot_logs)
+                .unwrap_or(20_000)
+                .max(100),
             max_entry_bytes,
             raft_max_message_bytes,
             sled_cache_bytes: size("sled-cache", self.sled_cache.or(file.sled_cache), 64 << 20)?,
@@ -319,30 +436,57 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Settings> {
-        let argv = normalize_argv(std::iter::once("regolith-metad").chain(args.iter().copied()).map(String::from));
-        Args::try_parse_from(argv).map_err(|e| Error::Config(e.to_string()))?.resolve()
+        let argv = normalize_argv(
+            std::iter::once("regolith-metad")
+                .chain(args.iter().copied())
+                .map(String::from),
+        );
+        Args::try_parse_from(argv)
+            .map_err(|e| Error::Config(e.to_string()))?
+            .resolve()
     }
 
     #[test]
     fn flags_resolve_with_defaults() {
-        let s = parse(&["--id", "2", "--peers", "1=127.0.0.1:1,2=127.0.0.1:2", "--bootstrap", "-v=2"]).unwrap();
+        let s = parse(&[
+            "--id",
+            "2",
+            "--peers",
+            "1=127.0.0.1:1,2=127.0.0.1:2",
+            "--bootstrap",
+            "-v=2",
+        ])
+        .unwrap();
         assert_eq!(s.advertise, "127.0.0.1:2");
         assert_eq!(s.listen.port(), 50051);
         assert_eq!(s.metrics_addr.port(), 9003);
         assert_eq!(s.verbose, 2);
         assert!(s.http_metadata_addr.is_none());
-        let s = parse(&["--id", "1", "--enable_http_metadata_server", "--lease-ttl", "2s"]).unwrap();
+        let s = parse(&[
+            "--id",
+            "1",
+            "--enable_http_metadata_server",
+            "--lease-ttl",
+            "2s",
+        ])
+        .unwrap();
         assert_eq!(s.http_metadata_addr.unwrap().port(), 8080);
         assert_eq!(s.cache.lease_ttl_ms, 2000);
     }
 
     #[test]
     fn bad_values_say_which_flag() {
-        let e = parse(&["--id", "1", "--lease-ttl", "forever"]).unwrap_err().to_string();
+        let e = parse(&["--id", "1", "--lease-ttl", "forever"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("lease-ttl"), "{e}");
-        let e = parse(&["--id", "1", "--peers", "1=nohost"]).unwrap_err().to_string();
+        let e = parse(&["--id", "1", "--peers", "1=nohost"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--peers"), "{e}");
-        let e = parse(&["--id", "3", "--peers", "1=h:1", "--bootstrap"]).unwrap_err().to_string();
+        let e = parse(&["--id", "3", "--peers", "1=h:1", "--bootstrap"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("id 3"), "{e}");
         assert!(parse(&["--peers", "1=h:1"]).is_err(), "--id required");
         assert!(parse(&["--id", "1", "--eviction-ratio", "3"]).is_err());
@@ -352,13 +496,25 @@ mod tests {
     fn config_file_fills_in_and_flags_win() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("metad.toml");
-        std::fs::write(&p, "id = 7\nlisten = \"127.0.0.1:6000\"\nnode_ttl = \"3s\"\n").unwrap();
-        let s = parse(&["--config", p.to_str().unwrap(), "--listen", "127.0.0.1:6001"]).unwrap();
+        std::fs::write(
+            &p,
+            "id = 7\nlisten = \"127.0.0.1:6000\"\nnode_ttl = \"3s\"\n",
+        )
+        .unwrap();
+        let s = parse(&[
+            "--config",
+            p.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:6001",
+        ])
+        .unwrap();
         assert_eq!(s.id, 7);
         assert_eq!(s.listen.port(), 6001);
         assert_eq!(s.cache.node_ttl_ms, 3000);
         std::fs::write(&p, "idd = 7\n").unwrap();
-        let e = parse(&["--config", p.to_str().unwrap()]).unwrap_err().to_string();
+        let e = parse(&["--config", p.to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("idd"), "{e}");
     }
 }

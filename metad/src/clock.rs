@@ -12,7 +12,9 @@ pub struct Clock {
 
 impl Default for Clock {
     fn default() -> Self {
-        Self { start: Instant::now() }
+        Self {
+            start: Instant::now(),
+        }
     }
 }
 
@@ -21,7 +23,10 @@ impl Clock {
         Now {
             // Offset so that 0 never means "now" for timers initialised to 0.
             mono_ms: self.start.elapsed().as_millis() as u64 + 1_000,
-            wall_ms: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
+            wall_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
         }
     }
 }

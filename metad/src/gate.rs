@@ -32,13 +32,19 @@ pub struct Observed {
     pub applied_term: Option<u64>,
     pub applied_index: u64,
     pub last_log_index: u64,
+    /// The last log index when this process first saw itself leader of `term`: everything up to
+    /// it must be applied before the leader serves (see [`Observed::ready_leader`]).
+    pub ready_floor: u64,
 }
 
 impl Observed {
     fn of(m: &RaftMetrics<NodeId, openraft::BasicNode>) -> Self {
-        let leader_addr = m
-            .current_leader
-            .and_then(|id| m.membership_config.membership().get_node(&id).map(|n| n.addr.clone()));
+        let leader_addr = m.current_leader.and_then(|id| {
+            m.membership_config
+                .membership()
+                .get_node(&id)
+                .map(|n| n.addr.clone())
+        });
         Self {
             at: Instant::now(),
             state: m.state,
@@ -49,16 +55,27 @@ impl Observed {
             applied_term: m.last_applied.map(|l| l.committed_leader_id().term),
             applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
             last_log_index: m.last_log_index.unwrap_or(0),
+            ready_floor: u64::MAX,
         }
     }
 
-    /// Leader that has applied its own term's first entry.
+    /// A leader that has applied its own term's first entry and everything its log held when it
+    /// took office. The second condition matters for a leader openraft restores at start-up (its
+    /// vote was committed for itself before a restart): it keeps its old term, its saved commit
+    /// index may be behind entries that were committed and acknowledged before the restart, and
+    /// it appends no new first entry. Serving before those are applied could miss an
+    /// acknowledged write, and building the shadow allocator before could double-allocate.
     pub fn ready_leader(&self) -> bool {
-        self.state == ServerState::Leader && self.applied_term == Some(self.term)
+        self.state == ServerState::Leader
+            && self.applied_term == Some(self.term)
+            && self.applied_index >= self.ready_floor
     }
 
     pub fn hint(&self) -> Option<LeaderHint> {
-        Some(LeaderHint { id: self.leader?, addr: self.leader_addr.clone()? })
+        Some(LeaderHint {
+            id: self.leader?,
+            addr: self.leader_addr.clone()?,
+        })
     }
 }
 
@@ -82,13 +99,28 @@ pub struct Gate {
 impl Gate {
     /// Starts watching openraft's metrics; builds or drops the core's leader state as
     /// leadership comes and goes.
-    pub fn start(raft: Raft, core: Arc<Mutex<Core>>, clock: Clock, lease: Duration, heartbeat: Duration, wait: Duration) -> Self {
+    pub fn start(
+        raft: Raft,
+        core: Arc<Mutex<Core>>,
+        clock: Clock,
+        lease: Duration,
+        heartbeat: Duration,
+        wait: Duration,
+    ) -> Self {
         let mut metrics = raft.metrics();
         let first = Observed::of(&metrics.borrow());
         let (tx, rx) = watch::channel(first);
         tokio::spawn(async move {
+            // (term, last log index) when this process first saw itself leader of that term.
+            let mut floor: Option<(u64, u64)> = None;
             loop {
-                let obs = Observed::of(&metrics.borrow_and_update());
+                let mut obs = Observed::of(&metrics.borrow_and_update());
+                if obs.state == ServerState::Leader {
+                    if floor.is_none_or(|(t, _)| t != obs.term) {
+                        floor = Some((obs.term, obs.last_log_index));
+                    }
+                    obs.ready_floor = floor.map(|(_, f)| f).unwrap_or(u64::MAX);
+                }
                 sync_leadership(&core, &obs, clock);
                 if tx.send(obs).is_err() {
                     return;
@@ -98,7 +130,13 @@ impl Gate {
                 }
             }
         });
-        Self { raft, rx, lease, margin: heartbeat, wait }
+        Self {
+            raft,
+            rx,
+            lease,
+            margin: heartbeat,
+            wait,
+        }
     }
 
     pub fn observed(&self) -> Observed {
@@ -124,7 +162,10 @@ impl Gate {
                 return Ok(obs);
             }
             if !wait_change(&mut rx, deadline).await {
-                return Err(NotServing::NotReady(format!("leader of term {} has not applied its first entry", obs.term)));
+                return Err(NotServing::NotReady(format!(
+                    "leader of term {} has not applied its first entry",
+                    obs.term
+                )));
             }
         }
     }
@@ -140,11 +181,18 @@ impl Gate {
             Ok(Ok(_)) => Ok(ReadPath::Quorum),
             Ok(Err(e)) => match e.forward_to_leader() {
                 Some(f) => Err(NotServing::NotLeader(
-                    f.leader_id.zip(f.leader_node.as_ref().map(|n| n.addr.clone())).map(|(id, addr)| LeaderHint { id, addr }),
+                    f.leader_id
+                        .zip(f.leader_node.as_ref().map(|n| n.addr.clone()))
+                        .map(|(id, addr)| LeaderHint { id, addr }),
                 )),
-                None => Err(NotServing::NotReady(format!("leadership not confirmed: {e}"))),
+                None => Err(NotServing::NotReady(format!(
+                    "leadership not confirmed: {e}"
+                ))),
             },
-            Err(_) => Err(NotServing::NotReady(format!("leadership not confirmed within {:?}", self.wait))),
+            Err(_) => Err(NotServing::NotReady(format!(
+                "leadership not confirmed within {:?}",
+                self.wait
+            ))),
         }
     }
 }
@@ -174,7 +222,10 @@ fn sync_leadership(core: &Mutex<Core>, obs: &Observed, clock: Clock) {
     let mut core = core.lock();
     if obs.ready_leader() {
         core.become_leader(obs.term, clock.now());
-    } else if core.leader().is_some_and(|l| l.term != obs.term || obs.state != ServerState::Leader) {
+    } else if core
+        .leader()
+        .is_some_and(|l| l.term != obs.term || obs.state != ServerState::Leader)
+    {
         core.step_down();
     }
 }

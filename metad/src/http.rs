@@ -45,12 +45,20 @@ fn json(v: &serde_json::Value) -> Response<Body> {
 }
 
 /// Accepts connections on `addr` until shutdown, serving each with `handle`.
-async fn serve<F, Fut>(addr: SocketAddr, what: &'static str, mut shutdown: watch::Receiver<bool>, handle: F) -> Result<JoinHandle<()>>
+async fn serve<F, Fut>(
+    addr: SocketAddr,
+    what: &'static str,
+    mut shutdown: watch::Receiver<bool>,
+    handle: F,
+) -> Result<JoinHandle<()>>
 where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
 {
-    let listener = TcpListener::bind(addr).await.map_err(|e| Error::Io { what: format!("{what} listen {addr}"), source: e })?;
+    let listener = TcpListener::bind(addr).await.map_err(|e| Error::Io {
+        what: format!("{what} listen {addr}"),
+        source: e,
+    })?;
     tracing::info!(%addr, "{what} listening");
     Ok(tokio::spawn(async move {
         loop {
@@ -79,7 +87,10 @@ where
     }))
 }
 
-pub async fn serve_metrics(node: Arc<Node>, shutdown: watch::Receiver<bool>) -> Result<JoinHandle<()>> {
+pub async fn serve_metrics(
+    node: Arc<Node>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<JoinHandle<()>> {
     let addr = node.settings.metrics_addr;
     serve(addr, "metrics", shutdown, move |req| {
         let node = node.clone();
@@ -106,7 +117,10 @@ fn metrics_route(node: &Node, req: Request<Incoming>) -> Response<Body> {
             None => text(StatusCode::SERVICE_UNAVAILABLE, "no leader known\n"),
         },
         "/status" => json(&status_json(node)),
-        _ => text(StatusCode::NOT_FOUND, "endpoints: /metrics /health /ready /status\n"),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "endpoints: /metrics /health /ready /status\n",
+        ),
     }
 }
 
@@ -139,7 +153,11 @@ pub fn status_json(node: &Node) -> serde_json::Value {
     })
 }
 
-pub async fn serve_metadata_kv(node: Arc<Node>, addr: SocketAddr, shutdown: watch::Receiver<bool>) -> Result<JoinHandle<()>> {
+pub async fn serve_metadata_kv(
+    node: Arc<Node>,
+    addr: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+) -> Result<JoinHandle<()>> {
     serve(addr, "http metadata", shutdown, move |req| {
         let node = node.clone();
         async move { metadata_route(&node, req).await }
@@ -163,7 +181,9 @@ fn forwarder(node: &Node) -> std::result::Result<MetadClient, String> {
 
 fn query_key(req: &Request<Incoming>) -> Option<String> {
     let q = req.uri().query()?;
-    form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "key").map(|(_, v)| v.into_owned())
+    form_urlencoded::parse(q.as_bytes())
+        .find(|(k, _)| k == "key")
+        .map(|(_, v)| v.into_owned())
 }
 
 async fn metadata_route(node: &Node, req: Request<Incoming>) -> Response<Body> {
@@ -174,13 +194,20 @@ async fn metadata_route(node: &Node, req: Request<Incoming>) -> Response<Body> {
         return text(StatusCode::BAD_REQUEST, "missing ?key=\n");
     };
     if key.is_empty() || key.len() > node.settings.cache.max_key_len {
-        return text(StatusCode::BAD_REQUEST, format!("key must be 1..={} bytes\n", node.settings.cache.max_key_len));
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "key must be 1..={} bytes\n",
+                node.settings.cache.max_key_len
+            ),
+        );
     }
     let client = match forwarder(node) {
         Ok(c) => c,
         Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
     };
-    let unavailable = |e: regolith_proto::Error| text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"));
+    let unavailable =
+        |e: regolith_proto::Error| text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"));
     match *req.method() {
         Method::GET => match client.meta_get(&key).await {
             Ok(Some(v)) => Response::builder()
@@ -191,9 +218,17 @@ async fn metadata_route(node: &Node, req: Request<Incoming>) -> Response<Body> {
             Err(e) => unavailable(e),
         },
         Method::PUT | Method::POST => {
-            let body = match Limited::new(req.into_body(), MAX_META_VALUE).collect().await {
+            let body = match Limited::new(req.into_body(), MAX_META_VALUE)
+                .collect()
+                .await
+            {
                 Ok(b) => b.to_bytes(),
-                Err(e) => return text(StatusCode::PAYLOAD_TOO_LARGE, format!("body rejected (limit {MAX_META_VALUE} bytes): {e}\n")),
+                Err(e) => {
+                    return text(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        format!("body rejected (limit {MAX_META_VALUE} bytes): {e}\n"),
+                    )
+                }
             };
             match client.meta_put(&key, body.to_vec()).await {
                 Ok(()) => text(StatusCode::OK, "metadata updated\n"),

@@ -1,7 +1,9 @@
 //! Prometheus metrics of one metad replica (names in docs/metad.md). Gauges that mirror the
 //! state are refreshed when `/metrics` is scraped.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -42,57 +44,107 @@ fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
 impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new();
-        let buckets = vec![0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+        let buckets = vec![
+            0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.025, 0.05, 0.1, 0.25, 0.5,
+            1.0, 2.5,
+        ];
         let commit_latency = Histogram::with_opts(
-            HistogramOpts::new("regolith_metad_commit_latency_seconds", "Time from proposing an entry to its apply on the leader")
-                .buckets(buckets),
+            HistogramOpts::new(
+                "regolith_metad_commit_latency_seconds",
+                "Time from proposing an entry to its apply on the leader",
+            )
+            .buckets(buckets),
         )
         .expect("valid histogram");
-        r.register(Box::new(commit_latency.clone())).expect("unique metric");
+        r.register(Box::new(commit_latency.clone()))
+            .expect("unique metric");
         let entry_commands = Histogram::with_opts(
-            HistogramOpts::new("regolith_metad_entry_commands", "Commands coalesced into one Raft entry")
-                .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0, 4096.0]),
+            HistogramOpts::new(
+                "regolith_metad_entry_commands",
+                "Commands coalesced into one Raft entry",
+            )
+            .buckets(vec![
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0, 4096.0,
+            ]),
         )
         .expect("valid histogram");
-        r.register(Box::new(entry_commands.clone())).expect("unique metric");
+        r.register(Box::new(entry_commands.clone()))
+            .expect("unique metric");
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(format!("regolith_metad_{name}"), help), labels).expect("valid");
+            let c = IntCounterVec::new(Opts::new(format!("regolith_metad_{name}"), help), labels)
+                .expect("valid");
             r.register(Box::new(c.clone())).expect("unique metric");
             c
         };
         Self {
-            role: gauge(&r, "role", "0 follower, 1 candidate, 2 leader, 3 learner, 4 shutting down"),
+            role: gauge(
+                &r,
+                "role",
+                "0 follower, 1 candidate, 2 leader, 3 learner, 4 shutting down",
+            ),
             term: gauge(&r, "term", "Current Raft term"),
             leader_id: gauge(&r, "leader_id", "Numeric id of the known leader (0: none)"),
             applied_index: gauge(&r, "applied_index", "Index of the last applied entry"),
-            committed_index: gauge(&r, "committed_index", "Index of the last entry known committed"),
+            committed_index: gauge(
+                &r,
+                "committed_index",
+                "Index of the last entry known committed",
+            ),
             last_log_index: gauge(&r, "last_log_index", "Index of the last entry in the log"),
             commit_latency,
             entry_commands,
             keys: gauge(&r, "keys", "Objects in the store"),
-            bytes_used: gauge(&r, "bytes_used", "Bytes of committed replicas over all segments"),
+            bytes_used: gauge(
+                &r,
+                "bytes_used",
+                "Bytes of committed replicas over all segments",
+            ),
             bytes_total: gauge(&r, "bytes_total", "Capacity of all mounted segments"),
-            hard_pinned_bytes: gauge(&r, "hard_pinned_bytes", "Bytes of hard-pinned objects (all replicas)"),
+            hard_pinned_bytes: gauge(
+                &r,
+                "hard_pinned_bytes",
+                "Bytes of hard-pinned objects (all replicas)",
+            ),
             segments: gauge(&r, "segments", "Mounted segments"),
-            evicted_objects: gauge(&r, "evicted_objects", "Objects evicted since the cluster was created"),
+            evicted_objects: gauge(
+                &r,
+                "evicted_objects",
+                "Objects evicted since the cluster was created",
+            ),
             dead_node_dropped_objects: gauge(
                 &r,
                 "dead_node_dropped_objects",
                 "Objects that lost their last replica with a node declared dead or remounted",
             ),
             expired_objects: gauge(&r, "expired_objects", "Objects removed by their TTL"),
-            reservations: gauge(&r, "reservations", "Reservations held by this leader (live and quarantined)"),
-            quarantined: gauge(&r, "quarantined_reservations", "Quarantined reservations awaiting release"),
+            reservations: gauge(
+                &r,
+                "reservations",
+                "Reservations held by this leader (live and quarantined)",
+            ),
+            quarantined: gauge(
+                &r,
+                "quarantined_reservations",
+                "Quarantined reservations awaiting release",
+            ),
             leases: gauge(&r, "read_leases", "Read leases this leader holds"),
             rpc_requests: counter_vec("rpc_requests_total", "gRPC requests by method", &["rpc"]),
-            rpc_failures: counter_vec("rpc_failures_total", "gRPC requests that failed, by method and code", &["rpc", "code"]),
+            rpc_failures: counter_vec(
+                "rpc_failures_total",
+                "gRPC requests that failed, by method and code",
+                &["rpc", "code"],
+            ),
             read_fallbacks: counter_vec(
                 "read_fallbacks_total",
                 "Reads that could not use the quorum lease, by what they did instead",
                 &["kind"],
             ),
             fsyncs: gauge(&r, "storage_fsyncs", "fsyncs of the Raft log"),
-            appended_entries: gauge(&r, "storage_appended_entries", "Entries appended to the Raft log"),
+            appended_entries: gauge(
+                &r,
+                "storage_appended_entries",
+                "Entries appended to the Raft log",
+            ),
             snapshots_built: gauge(&r, "snapshots_built", "Snapshots built"),
             snapshot_bytes: gauge(&r, "snapshot_bytes", "Size of the last snapshot"),
             registry: r,

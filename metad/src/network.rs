@@ -7,11 +7,13 @@
 
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 use openraft::BasicNode;
 use regolith_proto::auth::TokenInterceptor;
@@ -39,8 +41,12 @@ pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, bincode::Error> {
 
 pub fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, String> {
     match b.split_first() {
-        Some((&PAYLOAD_VERSION, rest)) => bincode::deserialize(rest).map_err(|e| format!("undecodable Raft payload: {e}")),
-        Some((v, _)) => Err(format!("Raft payload format {v} not supported (this build speaks {PAYLOAD_VERSION})")),
+        Some((&PAYLOAD_VERSION, rest)) => {
+            bincode::deserialize(rest).map_err(|e| format!("undecodable Raft payload: {e}"))
+        }
+        Some((v, _)) => Err(format!(
+            "Raft payload format {v} not supported (this build speaks {PAYLOAD_VERSION})"
+        )),
         None => Err("empty Raft payload".into()),
     }
 }
@@ -56,13 +62,23 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
-        let client = Endpoint::from_shared(format!("http://{}", node.addr)).ok().map(|ep| {
-            let ch = ep.connect_timeout(self.connect_timeout).tcp_nodelay(true).connect_lazy();
-            RaftClient::with_interceptor(ch, self.interceptor.clone())
-                .max_decoding_message_size(self.max_message_bytes + OVERHEAD)
-                .max_encoding_message_size(self.max_message_bytes + OVERHEAD)
-        });
-        Peer { target, addr: node.addr.clone(), client, max_bytes: self.max_message_bytes }
+        let client = Endpoint::from_shared(format!("http://{}", node.addr))
+            .ok()
+            .map(|ep| {
+                let ch = ep
+                    .connect_timeout(self.connect_timeout)
+                    .tcp_nodelay(true)
+                    .connect_lazy();
+                RaftClient::with_interceptor(ch, self.interceptor.clone())
+                    .max_decoding_message_size(self.max_message_bytes + OVERHEAD)
+                    .max_encoding_message_size(self.max_message_bytes + OVERHEAD)
+            });
+        Peer {
+            target,
+            addr: node.addr.clone(),
+            client,
+            max_bytes: self.max_message_bytes,
+        }
     }
 }
 
@@ -76,17 +92,21 @@ pub struct Peer {
 type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
 
 impl Peer {
-    async fn call<Req, Resp, E>(&mut self, which: Rpc, req: &Req, ttl: Duration) -> Result<Resp, RpcErr<E>>
+    async fn call<Req, Resp, E>(
+        &mut self,
+        which: Rpc,
+        req: &Req,
+        ttl: Duration,
+    ) -> Result<Resp, RpcErr<E>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
         let Some(client) = self.client.as_mut() else {
-            return Err(RPCError::Unreachable(Unreachable::new(&std::io::Error::other(format!(
-                "bad peer address {:?}",
-                self.addr
-            )))));
+            return Err(RPCError::Unreachable(Unreachable::new(
+                &std::io::Error::other(format!("bad peer address {:?}", self.addr)),
+            )));
         };
         let payload = encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let msg = RaftMessage { payload };
@@ -99,16 +119,18 @@ impl Peer {
         };
         let reply = match tokio::time::timeout(ttl, fut).await {
             Err(_) => {
-                return Err(RPCError::Unreachable(Unreachable::new(&std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("{which:?} to {} timed out after {ttl:?}", self.addr),
-                ))))
+                return Err(RPCError::Unreachable(Unreachable::new(
+                    &std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("{which:?} to {} timed out after {ttl:?}", self.addr),
+                    ),
+                )))
             }
             Ok(Err(status)) => return Err(status_error(&self.addr, status)),
             Ok(Ok(r)) => r.into_inner(),
         };
-        let res: Result<Resp, RaftError<NodeId, E>> =
-            decode(&reply.payload).map_err(|e| RPCError::Network(NetworkError::new(&std::io::Error::other(e))))?;
+        let res: Result<Resp, RaftError<NodeId, E>> = decode(&reply.payload)
+            .map_err(|e| RPCError::Network(NetworkError::new(&std::io::Error::other(e))))?;
         res.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
@@ -123,9 +145,10 @@ enum Rpc {
 fn status_error<E: std::error::Error>(addr: &str, s: tonic::Status) -> RpcErr<E> {
     let io = std::io::Error::other(format!("{addr}: {:?}: {}", s.code(), s.message()));
     match s.code() {
-        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled | tonic::Code::Unknown => {
-            RPCError::Unreachable(Unreachable::new(&io))
-        }
+        tonic::Code::Unavailable
+        | tonic::Code::DeadlineExceeded
+        | tonic::Code::Cancelled
+        | tonic::Code::Unknown => RPCError::Unreachable(Unreachable::new(&io)),
         _ => RPCError::Network(NetworkError::new(&io)),
     }
 }
@@ -154,9 +177,12 @@ impl RaftNetwork<TypeConfig> for Peer {
             rpc.entries.truncate(fit);
         }
         let last = rpc.entries.last().map(|e| e.log_id);
-        let resp: AppendEntriesResponse<NodeId> = self.call(Rpc::Append, &rpc, option.hard_ttl()).await?;
+        let resp: AppendEntriesResponse<NodeId> =
+            self.call(Rpc::Append, &rpc, option.hard_ttl()).await?;
         Ok(match resp {
-            AppendEntriesResponse::Success if truncated => AppendEntriesResponse::PartialSuccess(last),
+            AppendEntriesResponse::Success if truncated => {
+                AppendEntriesResponse::PartialSuccess(last)
+            }
             other => other,
         })
     }
@@ -169,7 +195,11 @@ impl RaftNetwork<TypeConfig> for Peer {
         self.call(Rpc::Snapshot, &rpc, option.hard_ttl()).await
     }
 
-    async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RpcErr> {
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcErr> {
         self.call(Rpc::Vote, &rpc, option.hard_ttl()).await
     }
 }

@@ -12,6 +12,7 @@ use regolith_proto::metad::metad_server::MetadServer;
 use regolith_proto::raft::raft_server::RaftServer;
 use regolith_raft_log::{StorageConfig, StorageStats};
 use tokio::sync::watch;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::args::Settings;
 use crate::clock::Clock;
@@ -51,8 +52,14 @@ impl Node {
     /// Opens storage and starts Raft (bootstrapping when asked and the data dir is empty).
     pub async fn start(settings: Settings) -> Result<Arc<Node>> {
         let dir = settings.data_dir.clone();
-        std::fs::create_dir_all(&dir).map_err(|e| Error::Io { what: format!("data dir {}", dir.display()), source: e })?;
-        let storage_err = |e: regolith_raft_log::Error| Error::Storage { path: dir.display().to_string(), reason: e.to_string() };
+        std::fs::create_dir_all(&dir).map_err(|e| Error::Io {
+            what: format!("data dir {}", dir.display()),
+            source: e,
+        })?;
+        let storage_err = |e: regolith_raft_log::Error| Error::Storage {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        };
         let had_state = regolith_raft_log::has_state(&dir).map_err(storage_err)?;
         let clock = Clock::default();
         let core = Arc::new(Mutex::new(Core::new(settings.cache.clone())));
@@ -61,7 +68,15 @@ impl Node {
             max_read_bytes: settings.raft_max_message_bytes as u64 / 2,
             ..Default::default()
         };
-        let (log, sm) = regolith_raft_log::open(&dir, &storage_cfg, MetadSm { core: core.clone(), clock }).map_err(storage_err)?;
+        let (log, sm) = regolith_raft_log::open(
+            &dir,
+            &storage_cfg,
+            MetadSm {
+                core: core.clone(),
+                clock,
+            },
+        )
+        .map_err(storage_err)?;
         let storage = log.stats();
         let raft_cfg = openraft::Config {
             cluster_name: "regolith".into(),
@@ -79,7 +94,8 @@ impl Node {
         .validate()
         .map_err(|e| Error::Config(format!("raft settings: {e}")))?;
         let network = Network {
-            interceptor: TokenInterceptor::new(settings.token.as_deref()).map_err(|e| Error::Config(e.to_string()))?,
+            interceptor: TokenInterceptor::new(settings.token.as_deref())
+                .map_err(|e| Error::Config(e.to_string()))?,
             max_message_bytes: settings.raft_max_message_bytes,
             connect_timeout: Duration::from_secs(1),
         };
@@ -87,8 +103,11 @@ impl Node {
             .await
             .map_err(|e| Error::Raft(format!("starting raft: {e}")))?;
         if settings.bootstrap && !had_state {
-            let members: BTreeMap<u64, BasicNode> =
-                settings.peers.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
+            let members: BTreeMap<u64, BasicNode> = settings
+                .peers
+                .iter()
+                .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+                .collect();
             match raft.initialize(members).await {
                 Ok(()) => tracing::info!(peers = ?settings.peers, "cluster bootstrapped"),
                 Err(e) => tracing::info!(error = %e, "bootstrap skipped"),
@@ -100,24 +119,49 @@ impl Node {
         }
         let metrics = Arc::new(Metrics::new());
         let lease = settings.election_timeout_min;
-        let gate = Gate::start(raft.clone(), core.clone(), clock, lease, settings.heartbeat_interval, READY_WAIT);
+        let gate = Gate::start(
+            raft.clone(),
+            core.clone(),
+            clock,
+            lease,
+            settings.heartbeat_interval,
+            READY_WAIT,
+        );
         let proposer = Proposer::start(raft.clone(), metrics.clone(), settings.max_entry_bytes, 4);
-        Ok(Arc::new(Node { id: settings.id, settings, raft, core, proposer, gate, metrics, clock, storage }))
+        Ok(Arc::new(Node {
+            id: settings.id,
+            settings,
+            raft,
+            core,
+            proposer,
+            gate,
+            metrics,
+            clock,
+            storage,
+        }))
     }
 
     /// Serves until `shutdown` fires, then stops Raft and flushes storage.
     pub async fn serve(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) -> Result<()> {
         let check = TokenCheck::new(self.settings.token.clone());
         let max = self.settings.raft_max_message_bytes + 64 * 1024;
-        let metad = MetadServer::with_interceptor(MetadService { node: self.clone() }, check.clone())
+        let metad = MetadServer::new(MetadService { node: self.clone() })
             .max_decoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES);
-        let raft = RaftServer::with_interceptor(RaftService { raft: self.raft.clone() }, check)
-            .max_decoding_message_size(max)
-            .max_encoding_message_size(max);
+        let raft = RaftServer::new(RaftService {
+            raft: self.raft.clone(),
+        })
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+        // The token is checked before a request body is read.
+        let metad = InterceptedService::new(metad, check.clone());
+        let raft = InterceptedService::new(raft, check);
         let listener = tokio::net::TcpListener::bind(self.settings.listen)
             .await
-            .map_err(|e| Error::Io { what: format!("gRPC listen {}", self.settings.listen), source: e })?;
+            .map_err(|e| Error::Io {
+                what: format!("gRPC listen {}", self.settings.listen),
+                source: e,
+            })?;
         tracing::info!(addr = %self.settings.listen, id = self.id, "gRPC listening");
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let mut sd = shutdown.clone();
@@ -130,7 +174,9 @@ impl Node {
             });
         let http = crate::http::serve_metrics(self.clone(), shutdown.clone()).await?;
         let kv = match self.settings.http_metadata_addr {
-            Some(addr) => Some(crate::http::serve_metadata_kv(self.clone(), addr, shutdown.clone()).await?),
+            Some(addr) => {
+                Some(crate::http::serve_metadata_kv(self.clone(), addr, shutdown.clone()).await?)
+            }
             None => None,
         };
         tokio::spawn(self.clone().housekeeping(shutdown.clone()));
@@ -194,8 +240,10 @@ impl Node {
             let obs = self.gate.observed();
             let core = self.core.lock();
             let sm = core.sm();
-            let (res, quarantined) =
-                core.leader().map(|l| (l.reservations().len(), l.reservations().quarantined())).unwrap_or((0, 0));
+            let (res, quarantined) = core
+                .leader()
+                .map(|l| (l.reservations().len(), l.reservations().quarantined()))
+                .unwrap_or((0, 0));
             tracing::info!(
                 "Storage: {} / {} | Keys: {} | Segments: {} | Role: {:?} term {} leader {:?} | Applied: {} | Reservations: {} ({} quarantined) | Evicted: {} | Dead-node drops: {}",
                 regolith_proto::units::format_size(sm.bytes_used()),
@@ -229,11 +277,12 @@ impl Node {
         m.leader_id.set(obs.leader.unwrap_or(0) as i64);
         m.applied_index.set(obs.applied_index as i64);
         m.last_log_index.set(obs.last_log_index as i64);
-        m.committed_index.set(self.storage.committed_index() as i64);
         m.fsyncs.set(self.storage.fsyncs() as i64);
-        m.appended_entries.set(self.storage.appended_entries() as i64);
+        m.appended_entries
+            .set(self.storage.appended_entries() as i64);
         m.snapshots_built.set(self.storage.snapshot_builds() as i64);
-        m.snapshot_bytes.set(self.storage.last_snapshot_bytes() as i64);
+        m.snapshot_bytes
+            .set(self.storage.last_snapshot_bytes() as i64);
         let core = self.core.lock();
         let sm = core.sm();
         m.keys.set(sm.key_count() as i64);
@@ -242,11 +291,18 @@ impl Node {
         m.hard_pinned_bytes.set(sm.hard_pinned_bytes() as i64);
         m.segments.set(sm.segments().count() as i64);
         m.evicted_objects.set(sm.counters().evicted_objects as i64);
-        m.dead_node_dropped_objects.set(sm.counters().dead_node_dropped_objects as i64);
+        m.dead_node_dropped_objects
+            .set(sm.counters().dead_node_dropped_objects as i64);
         m.expired_objects.set(sm.counters().expired_objects as i64);
         let (r, q, l) = core
             .leader()
-            .map(|l| (l.reservations().len(), l.reservations().quarantined(), l.leases().len()))
+            .map(|l| {
+                (
+                    l.reservations().len(),
+                    l.reservations().quarantined(),
+                    l.leases().len(),
+                )
+            })
             .unwrap_or((0, 0, 0));
         m.reservations.set(r as i64);
         m.quarantined.set(q as i64);
@@ -257,6 +313,9 @@ impl Node {
     pub fn members(&self) -> Vec<(u64, String, bool)> {
         let m = self.raft.metrics().borrow().membership_config.clone();
         let voters: std::collections::BTreeSet<u64> = m.membership().voter_ids().collect();
-        m.membership().nodes().map(|(id, n)| (*id, n.addr.clone(), voters.contains(id))).collect()
+        m.membership()
+            .nodes()
+            .map(|(id, n)| (*id, n.addr.clone(), voters.contains(id)))
+            .collect()
     }
 }

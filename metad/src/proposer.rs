@@ -29,7 +29,12 @@ pub struct Proposer {
 impl Proposer {
     /// Starts the batching task. `max_entry_bytes` caps one entry (AppendEntries carry whole
     /// entries, so this bounds Raft messages); `in_flight` entries may be replicating at once.
-    pub fn start(raft: Raft, metrics: Arc<Metrics>, max_entry_bytes: usize, in_flight: usize) -> Self {
+    pub fn start(
+        raft: Raft,
+        metrics: Arc<Metrics>,
+        max_entry_bytes: usize,
+        in_flight: usize,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(65_536);
         tokio::spawn(run(raft, rx, metrics, max_entry_bytes, in_flight));
         Self { tx }
@@ -43,7 +48,8 @@ impl Proposer {
             .send(Pending { cmd, bytes, reply })
             .await
             .map_err(|_| Error::Raft("proposer stopped (shutting down)".into()))?;
-        rx.await.map_err(|_| Error::Raft("proposal dropped (shutting down)".into()))?
+        rx.await
+            .map_err(|_| Error::Raft("proposal dropped (shutting down)".into()))?
     }
 
     /// Replicates several commands (usually landing in one entry); outcomes in order.
@@ -59,16 +65,28 @@ impl Proposer {
         }
         let mut out = Vec::with_capacity(rxs.len());
         for rx in rxs {
-            out.push(rx.await.unwrap_or_else(|_| Err(Error::Raft("proposal dropped (shutting down)".into()))));
+            out.push(
+                rx.await.unwrap_or_else(|_| {
+                    Err(Error::Raft("proposal dropped (shutting down)".into()))
+                }),
+            );
         }
         out
     }
 }
 
-async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, metrics: Arc<Metrics>, max_bytes: usize, in_flight: usize) {
+async fn run(
+    raft: Raft,
+    mut rx: mpsc::Receiver<Pending>,
+    metrics: Arc<Metrics>,
+    max_bytes: usize,
+    in_flight: usize,
+) {
     let slots = Arc::new(Semaphore::new(in_flight.max(1)));
     while let Some(first) = rx.recv().await {
-        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
         // Gather everything queued while waiting for a slot.
         let mut batch = vec![first];
         let mut bytes = batch[0].bytes;
@@ -84,18 +102,24 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, metrics: Arc<Metrics>,
         let raft = raft.clone();
         let metrics = metrics.clone();
         tokio::spawn(async move {
-            let (cmds, replies): (Vec<Command>, Vec<_>) = batch.into_iter().map(|p| (p.cmd, p.reply)).unzip();
+            let (cmds, replies): (Vec<Command>, Vec<_>) =
+                batch.into_iter().map(|p| (p.cmd, p.reply)).unzip();
             let n = cmds.len();
             let start = Instant::now();
             let res = raft.client_write(Batch(cmds)).await;
-            metrics.commit_latency.observe(start.elapsed().as_secs_f64());
+            metrics
+                .commit_latency
+                .observe(start.elapsed().as_secs_f64());
             metrics.entry_commands.observe(n as f64);
             drop(permit);
             match res {
                 Ok(resp) => {
                     let mut outs = resp.data.0.into_iter();
                     for r in replies {
-                        let _ = r.send(outs.next().ok_or_else(|| Error::Raft("entry answered fewer outcomes".into())));
+                        let _ = r
+                            .send(outs.next().ok_or_else(|| {
+                                Error::Raft("entry answered fewer outcomes".into())
+                            }));
                     }
                 }
                 Err(e) => {
@@ -109,11 +133,18 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, metrics: Arc<Metrics>,
     }
 }
 
-fn raft_write_error(e: &openraft::error::RaftError<u64, openraft::error::ClientWriteError<u64, openraft::BasicNode>>) -> Error {
+fn raft_write_error(
+    e: &openraft::error::RaftError<
+        u64,
+        openraft::error::ClientWriteError<u64, openraft::BasicNode>,
+    >,
+) -> Error {
     use openraft::error::{ClientWriteError, RaftError};
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => Error::NotLeader {
-            leader: f.leader_id.zip(f.leader_node.as_ref().map(|n| n.addr.clone())),
+            leader: f
+                .leader_id
+                .zip(f.leader_node.as_ref().map(|n| n.addr.clone())),
         },
         other => Error::Raft(other.to_string()),
     }
@@ -121,8 +152,9 @@ fn raft_write_error(e: &openraft::error::RaftError<u64, openraft::error::ClientW
 
 fn clone_err(e: &Error) -> Error {
     match e {
-        Error::NotLeader { leader } => Error::NotLeader { leader: leader.clone() },
+        Error::NotLeader { leader } => Error::NotLeader {
+            leader: leader.clone(),
+        },
         other => Error::Raft(other.to_string()),
     }
 }
-

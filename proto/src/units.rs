@@ -8,24 +8,31 @@ use std::time::Duration;
 /// (KB, MB, GB, TB) powers of 1000; `K`/`M`/`G`/`T` alone are binary. Case-insensitive.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let num = num.replace('_', "");
     if num.is_empty() {
-        return Err(format!("size {s:?}: expected a number with an optional unit, like 1GiB"));
+        return Err(format!(
+            "size {s:?}: expected a number with an optional unit, like 1GiB"
+        ));
     }
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        other => return Err(format!("size {s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")),
-    };
+    let mult: u64 =
+        match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kib" => 1 << 10,
+            "m" | "mib" => 1 << 20,
+            "g" | "gib" => 1 << 30,
+            "t" | "tib" => 1 << 40,
+            "kb" => 1_000,
+            "mb" => 1_000_000,
+            "gb" => 1_000_000_000,
+            "tb" => 1_000_000_000_000,
+            other => return Err(format!(
+                "size {s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+            )),
+        };
     let value = if num.contains('.') {
         let f: f64 = num.parse().map_err(|_| format!("size {s:?}: bad number"))?;
         let v = f * mult as f64;
@@ -35,7 +42,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         v as u64
     } else {
         let n: u64 = num.parse().map_err(|_| format!("size {s:?}: bad number"))?;
-        n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is out of range"))?
+        n.checked_mul(mult)
+            .ok_or_else(|| format!("size {s:?} is out of range"))?
     };
     Ok(value)
 }
@@ -44,19 +52,29 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// milliseconds).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     if num.is_empty() {
-        return Err(format!("duration {s:?}: expected a number with a unit, like 2s or 500ms"));
+        return Err(format!(
+            "duration {s:?}: expected a number with a unit, like 2s or 500ms"
+        ));
     }
-    let n: f64 = num.parse().map_err(|_| format!("duration {s:?}: bad number"))?;
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("duration {s:?}: bad number"))?;
     let secs = match unit.trim() {
         "us" | "µs" => n / 1e6,
         "" | "ms" => n / 1e3,
         "s" => n,
         "m" | "min" => n * 60.0,
         "h" => n * 3600.0,
-        other => return Err(format!("duration {s:?}: unknown unit {other:?} (use us, ms, s, m, h)")),
+        other => {
+            return Err(format!(
+                "duration {s:?}: unknown unit {other:?} (use us, ms, s, m, h)"
+            ))
+        }
     };
     if !(0.0..1e10).contains(&secs) {
         return Err(format!("duration {s:?} is out of range"));

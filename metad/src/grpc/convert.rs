@@ -3,20 +3,29 @@
 use regolith_proto::metad as pb;
 
 use crate::error::Error;
-use crate::leader::{Heartbeat, PinKind, Placement, PlacedReplica, PutRequest, Reserved};
+use crate::leader::{Heartbeat, PinKind, PlacedReplica, Placement, PutRequest, Reserved};
 use crate::types::{Extent, SegmentId, Version};
 
 pub fn version(v: Version) -> pb::Version {
-    pb::Version { term: v.term, id: v.id }
+    pb::Version {
+        term: v.term,
+        id: v.id,
+    }
 }
 
 pub fn version_from(v: Option<&pb::Version>) -> Result<Version, Error> {
     let v = v.ok_or_else(|| Error::InvalidArgument("missing reservation version".into()))?;
-    Ok(Version { term: v.term, id: v.id })
+    Ok(Version {
+        term: v.term,
+        id: v.id,
+    })
 }
 
 pub fn extent(e: &Extent) -> pb::Extent {
-    pb::Extent { offset: e.offset, len: e.len }
+    pb::Extent {
+        offset: e.offset,
+        len: e.len,
+    }
 }
 
 pub fn extent_from(e: &pb::Extent) -> Extent {
@@ -77,7 +86,10 @@ pub fn placement(p: &Placement) -> pb::ObjectPlacement {
 
 pub fn not_found(key: &str) -> pb::ObjectPlacement {
     pb::ObjectPlacement {
-        status: Some(pb::Status { code: pb::Code::NotFound as i32, message: format!("key {key:?} not found") }),
+        status: Some(pb::Status {
+            code: pb::Code::NotFound as i32,
+            message: format!("key {key:?} not found"),
+        }),
         key: key.to_string(),
         ..Default::default()
     }
@@ -85,22 +97,41 @@ pub fn not_found(key: &str) -> pb::ObjectPlacement {
 
 pub fn heartbeat(req: &pb::HeartbeatRequest) -> Heartbeat {
     Heartbeat {
-        segment: SegmentId { node: req.node_id, generation: req.generation },
+        segment: SegmentId {
+            node: req.node_id,
+            generation: req.generation,
+        },
         highest_term_seen: req.highest_term_seen,
         in_flight: req
             .in_flight
             .iter()
             .filter_map(|f| {
                 let v = f.version.as_ref()?;
-                Some((Version { term: v.term, id: v.id }, f.extents.iter().map(extent_from).collect()))
+                Some((
+                    Version {
+                        term: v.term,
+                        id: v.id,
+                    },
+                    f.extents.iter().map(extent_from).collect(),
+                ))
             })
             .collect(),
-        released: req.released.iter().map(|v| Version { term: v.term, id: v.id }).collect(),
+        released: req
+            .released
+            .iter()
+            .map(|v| Version {
+                term: v.term,
+                id: v.id,
+            })
+            .collect(),
     }
 }
 
 pub fn ok() -> pb::Status {
-    pb::Status { code: pb::Code::Ok as i32, message: String::new() }
+    pb::Status {
+        code: pb::Code::Ok as i32,
+        message: String::new(),
+    }
 }
 
 /// The per-item code of a core error.
@@ -120,5 +151,8 @@ pub fn code_of(e: &Error) -> pb::Code {
 }
 
 pub fn status_of(e: &Error) -> pb::Status {
-    pb::Status { code: code_of(e) as i32, message: e.to_string() }
+    pb::Status {
+        code: code_of(e) as i32,
+        message: e.to_string(),
+    }
 }

@@ -39,9 +39,11 @@ fn not_serving(n: NotServing) -> Status {
 /// The gRPC status of an error that ends a whole call.
 fn status(e: Error) -> Status {
     match e {
-        Error::NotLeader { leader } => {
-            not_leader(leader.map(|(id, addr)| regolith_proto::leader::LeaderHint { id, addr }).as_ref())
-        }
+        Error::NotLeader { leader } => not_leader(
+            leader
+                .map(|(id, addr)| regolith_proto::leader::LeaderHint { id, addr })
+                .as_ref(),
+        ),
         Error::InvalidArgument(m) => Status::invalid_argument(m),
         Error::NotFound { .. } => Status::not_found(e.to_string()),
         Error::NotReady(m) => Status::unavailable(m),
@@ -52,24 +54,42 @@ fn status(e: Error) -> Status {
 
 impl MetadService {
     fn count(&self, rpc: &'static str) {
-        self.node.metrics.rpc_requests.with_label_values(&[rpc]).inc();
+        self.node
+            .metrics
+            .rpc_requests
+            .with_label_values(&[rpc])
+            .inc();
     }
 
     fn failed<T>(&self, rpc: &'static str, r: Reply<T>) -> Reply<T> {
         if let Err(s) = &r {
-            self.node.metrics.rpc_failures.with_label_values(&[rpc, &format!("{:?}", s.code())]).inc();
+            self.node
+                .metrics
+                .rpc_failures
+                .with_label_values(&[rpc, &format!("{:?}", s.code())])
+                .inc();
         }
         r
     }
 
     async fn leader(&self) -> Result<(), Status> {
-        self.node.gate.require_leader().await.map(|_| ()).map_err(not_serving)
+        self.node
+            .gate
+            .require_leader()
+            .await
+            .map(|_| ())
+            .map_err(not_serving)
     }
 
     async fn read(&self) -> Result<(), Status> {
         match self.node.gate.read().await.map_err(not_serving)? {
             ReadPath::Lease => {}
-            ReadPath::Quorum => self.node.metrics.read_fallbacks.with_label_values(&["quorum"]).inc(),
+            ReadPath::Quorum => self
+                .node
+                .metrics
+                .read_fallbacks
+                .with_label_values(&["quorum"])
+                .inc(),
         }
         Ok(())
     }
@@ -80,7 +100,10 @@ impl MetadService {
 
     fn check_keys(&self, keys: &[String]) -> Result<(), Status> {
         if keys.len() > MAX_BATCH_KEYS {
-            return Err(Status::invalid_argument(format!("{} keys in one call; at most {MAX_BATCH_KEYS}", keys.len())));
+            return Err(Status::invalid_argument(format!(
+                "{} keys in one call; at most {MAX_BATCH_KEYS}",
+                keys.len()
+            )));
         }
         let max = self.node.settings.cache.max_key_len;
         for k in keys {
@@ -88,16 +111,25 @@ impl MetadService {
                 return Err(Status::invalid_argument("empty key"));
             }
             if k.len() > max {
-                return Err(Status::invalid_argument(format!("key of {} bytes exceeds the {max}-byte limit", k.len())));
+                return Err(Status::invalid_argument(format!(
+                    "key of {} bytes exceeds the {max}-byte limit",
+                    k.len()
+                )));
             }
         }
         Ok(())
     }
 
     /// Reserves a batch; items that found no space get one eviction round and a retry.
-    async fn reserve_items(&self, items: &[pb::ReserveRequest]) -> Result<Vec<pb::ReserveResponse>, Status> {
+    async fn reserve_items(
+        &self,
+        items: &[pb::ReserveRequest],
+    ) -> Result<Vec<pb::ReserveResponse>, Status> {
         if items.len() > MAX_BATCH_KEYS {
-            return Err(Status::invalid_argument(format!("{} items in one call; at most {MAX_BATCH_KEYS}", items.len())));
+            return Err(Status::invalid_argument(format!(
+                "{} items in one call; at most {MAX_BATCH_KEYS}",
+                items.len()
+            )));
         }
         self.leader().await?;
         let mut out: Vec<Option<pb::ReserveResponse>> = vec![None; items.len()];
@@ -114,7 +146,9 @@ impl MetadService {
                 match l.reserve(sm, &convert::put_request(it), now) {
                     Ok(r) => out[i] = Some(reserved(&r, leader_id)),
                     Err(e @ Error::NoSpace { .. }) => {
-                        need += it.size.saturating_mul(it.options.as_ref().map(|o| o.replicas.max(1)).unwrap_or(1) as u64);
+                        need += it.size.saturating_mul(
+                            it.options.as_ref().map(|o| o.replicas.max(1)).unwrap_or(1) as u64,
+                        );
                         retry.push(i);
                         out[i] = Some(refused(&e));
                     }
@@ -145,9 +179,15 @@ impl MetadService {
         Ok(out.into_iter().map(|o| o.unwrap_or_default()).collect())
     }
 
-    async fn commit_items(&self, items: &[pb::CommitRequest]) -> Result<Vec<pb::CommitResponse>, Status> {
+    async fn commit_items(
+        &self,
+        items: &[pb::CommitRequest],
+    ) -> Result<Vec<pb::CommitResponse>, Status> {
         if items.len() > MAX_BATCH_KEYS {
-            return Err(Status::invalid_argument(format!("{} items in one call; at most {MAX_BATCH_KEYS}", items.len())));
+            return Err(Status::invalid_argument(format!(
+                "{} items in one call; at most {MAX_BATCH_KEYS}",
+                items.len()
+            )));
         }
         self.leader().await?;
         let now = self.node.clock.now();
@@ -159,7 +199,8 @@ impl MetadService {
                 return Err(Status::unavailable("leader state not built yet"));
             };
             for (i, it) in items.iter().enumerate() {
-                let step = convert::version_from(it.version.as_ref()).and_then(|v| l.commit(v, it.checksum, now).map(|s| (v, s)));
+                let step = convert::version_from(it.version.as_ref())
+                    .and_then(|v| l.commit(v, it.checksum, now).map(|s| (v, s)));
                 match step {
                     Ok((_, CommitStep::AlreadyCommitted)) => out[i] = Some(convert::ok()),
                     Ok((v, CommitStep::Propose(cmd))) => proposals.push((i, v, cmd)),
@@ -177,8 +218,14 @@ impl MetadService {
                     code: pb::Code::AlreadyExists as i32,
                     message: format!("key of reservation {v} already exists"),
                 },
-                Ok(Outcome::Conflict(why)) => pb::Status { code: pb::Code::Conflict as i32, message: why },
-                Ok(other) => pb::Status { code: pb::Code::Internal as i32, message: format!("unexpected outcome {other:?}") },
+                Ok(Outcome::Conflict(why)) => pb::Status {
+                    code: pb::Code::Conflict as i32,
+                    message: why,
+                },
+                Ok(other) => pb::Status {
+                    code: pb::Code::Internal as i32,
+                    message: format!("unexpected outcome {other:?}"),
+                },
                 Err(e) => {
                     if let Some((l, _)) = self.node.core.lock().leader_parts() {
                         l.commit_failed(*v);
@@ -196,10 +243,17 @@ impl MetadService {
                 return Err(status(e));
             }
         }
-        Ok(out.into_iter().map(|s| pb::CommitResponse { status: s }).collect())
+        Ok(out
+            .into_iter()
+            .map(|s| pb::CommitResponse { status: s })
+            .collect())
     }
 
-    fn placements(&self, keys: &[String], requester: u64) -> Result<Vec<pb::ObjectPlacement>, Status> {
+    fn placements(
+        &self,
+        keys: &[String],
+        requester: u64,
+    ) -> Result<Vec<pb::ObjectPlacement>, Status> {
         let now = self.node.clock.now();
         let mut core = self.node.core.lock();
         let Some((l, sm)) = core.leader_parts() else {
@@ -217,32 +271,56 @@ impl MetadService {
 
     fn members_reply(&self) -> pb::MembersResponse {
         pb::MembersResponse {
-            members: self.node.members().into_iter().map(|(id, addr, voter)| pb::Member { id, addr, voter }).collect(),
+            members: self
+                .node
+                .members()
+                .into_iter()
+                .map(|(id, addr, voter)| pb::Member { id, addr, voter })
+                .collect(),
         }
     }
 }
 
 fn reserved(r: &crate::leader::Reserved, leader_id: u64) -> pb::ReserveResponse {
-    pb::ReserveResponse { status: Some(convert::ok()), reservation: Some(convert::reservation(r, leader_id)) }
+    pb::ReserveResponse {
+        status: Some(convert::ok()),
+        reservation: Some(convert::reservation(r, leader_id)),
+    }
 }
 
 fn refused(e: &Error) -> pb::ReserveResponse {
-    pb::ReserveResponse { status: Some(convert::status_of(e)), reservation: None }
+    pb::ReserveResponse {
+        status: Some(convert::status_of(e)),
+        reservation: None,
+    }
 }
 
 fn validate_mount(r: &pb::MountSegmentRequest) -> Result<(), Status> {
-    if r.node_name.is_empty() || r.node_name.len() > 255 || r.node_name.chars().any(|c| c.is_control()) {
-        return Err(Status::invalid_argument(format!("node name {:?} must be 1..=255 printable characters", r.node_name)));
+    if r.node_name.is_empty()
+        || r.node_name.len() > 255
+        || r.node_name.chars().any(|c| c.is_control())
+    {
+        return Err(Status::invalid_argument(format!(
+            "node name {:?} must be 1..=255 printable characters",
+            r.node_name
+        )));
     }
     if r.capacity > 1 << 50 {
-        return Err(Status::invalid_argument(format!("segment of {} bytes for {:?} is implausibly large", r.capacity, r.node_name)));
+        return Err(Status::invalid_argument(format!(
+            "segment of {} bytes for {:?} is implausibly large",
+            r.capacity, r.node_name
+        )));
     }
     if r.data_addrs.len() > 64 {
-        return Err(Status::invalid_argument("more than 64 data-plane addresses"));
+        return Err(Status::invalid_argument(
+            "more than 64 data-plane addresses",
+        ));
     }
     for a in &r.data_addrs {
         if a.len() > 255 || !a.contains(':') {
-            return Err(Status::invalid_argument(format!("data-plane address {a:?} must be HOST:PORT")));
+            return Err(Status::invalid_argument(format!(
+                "data-plane address {a:?} must be HOST:PORT"
+            )));
         }
     }
     Ok(())
@@ -250,7 +328,10 @@ fn validate_mount(r: &pb::MountSegmentRequest) -> Result<(), Status> {
 
 #[tonic::async_trait]
 impl Metad for MetadService {
-    async fn mount_segment(&self, req: Request<pb::MountSegmentRequest>) -> Reply<pb::MountSegmentResponse> {
+    async fn mount_segment(
+        &self,
+        req: Request<pb::MountSegmentRequest>,
+    ) -> Reply<pb::MountSegmentResponse> {
         self.count("mount_segment");
         let r = async {
             let r = req.into_inner();
@@ -275,15 +356,31 @@ impl Metad for MetadService {
         self.failed("mount_segment", r)
     }
 
-    async fn unmount_segment(&self, req: Request<pb::UnmountSegmentRequest>) -> Reply<pb::UnmountSegmentResponse> {
+    async fn unmount_segment(
+        &self,
+        req: Request<pb::UnmountSegmentRequest>,
+    ) -> Reply<pb::UnmountSegmentResponse> {
         self.count("unmount_segment");
         let r = async {
             let r = req.into_inner();
             self.leader().await?;
-            let segment = SegmentId { node: r.node_id, generation: r.generation };
-            match self.propose(Command::UnmountSegment { segment, reason: UnmountReason::Graceful }).await? {
-                Outcome::Unmounted { dropped } => Ok(Response::new(pb::UnmountSegmentResponse { dropped_objects: dropped })),
-                Outcome::Ignored(_) => Ok(Response::new(pb::UnmountSegmentResponse { dropped_objects: 0 })),
+            let segment = SegmentId {
+                node: r.node_id,
+                generation: r.generation,
+            };
+            match self
+                .propose(Command::UnmountSegment {
+                    segment,
+                    reason: UnmountReason::Graceful,
+                })
+                .await?
+            {
+                Outcome::Unmounted { dropped } => Ok(Response::new(pb::UnmountSegmentResponse {
+                    dropped_objects: dropped,
+                })),
+                Outcome::Ignored(_) => Ok(Response::new(pb::UnmountSegmentResponse {
+                    dropped_objects: 0,
+                })),
                 other => Err(Status::internal(format!("unmount answered {other:?}"))),
             }
         }
@@ -312,7 +409,11 @@ impl Metad for MetadService {
                 term: obs.term,
                 leader_id: self.node.id,
                 remount: reply.remount,
-                quarantined: reply.quarantined.into_iter().map(convert::version).collect(),
+                quarantined: reply
+                    .quarantined
+                    .into_iter()
+                    .map(convert::version)
+                    .collect(),
                 draining: reply.draining,
             }))
         }
@@ -331,11 +432,16 @@ impl Metad for MetadService {
         self.failed("reserve", r)
     }
 
-    async fn batch_reserve(&self, req: Request<pb::BatchReserveRequest>) -> Reply<pb::BatchReserveResponse> {
+    async fn batch_reserve(
+        &self,
+        req: Request<pb::BatchReserveRequest>,
+    ) -> Reply<pb::BatchReserveResponse> {
         self.count("batch_reserve");
         let r = async {
             let items = req.into_inner().items;
-            Ok(Response::new(pb::BatchReserveResponse { items: self.reserve_items(&items).await? }))
+            Ok(Response::new(pb::BatchReserveResponse {
+                items: self.reserve_items(&items).await?,
+            }))
         }
         .await;
         self.failed("batch_reserve", r)
@@ -352,11 +458,16 @@ impl Metad for MetadService {
         self.failed("commit", r)
     }
 
-    async fn batch_commit(&self, req: Request<pb::BatchCommitRequest>) -> Reply<pb::BatchCommitResponse> {
+    async fn batch_commit(
+        &self,
+        req: Request<pb::BatchCommitRequest>,
+    ) -> Reply<pb::BatchCommitResponse> {
         self.count("batch_commit");
         let r = async {
             let items = req.into_inner().items;
-            Ok(Response::new(pb::BatchCommitResponse { items: self.commit_items(&items).await? }))
+            Ok(Response::new(pb::BatchCommitResponse {
+                items: self.commit_items(&items).await?,
+            }))
         }
         .await;
         self.failed("batch_commit", r)
@@ -365,7 +476,15 @@ impl Metad for MetadService {
     async fn abort(&self, req: Request<pb::AbortRequest>) -> Reply<pb::AbortResponse> {
         self.count("abort");
         let r = async {
-            let versions: Vec<_> = req.into_inner().versions.iter().map(|v| crate::types::Version { term: v.term, id: v.id }).collect();
+            let versions: Vec<_> = req
+                .into_inner()
+                .versions
+                .iter()
+                .map(|v| crate::types::Version {
+                    term: v.term,
+                    id: v.id,
+                })
+                .collect();
             self.leader().await?;
             if let Some((l, _)) = self.node.core.lock().leader_parts() {
                 l.abort(&versions);
@@ -381,7 +500,10 @@ impl Metad for MetadService {
         let r = async {
             let r = req.into_inner();
             if r.keys.len() != 1 {
-                return Err(Status::invalid_argument(format!("Get takes one key, got {}; use BatchGet", r.keys.len())));
+                return Err(Status::invalid_argument(format!(
+                    "Get takes one key, got {}; use BatchGet",
+                    r.keys.len()
+                )));
             }
             self.check_keys(&r.keys)?;
             self.read().await?;
@@ -398,7 +520,9 @@ impl Metad for MetadService {
             let r = req.into_inner();
             self.check_keys(&r.keys)?;
             self.read().await?;
-            Ok(Response::new(pb::GetResponse { items: self.placements(&r.keys, r.requester_node_id)? }))
+            Ok(Response::new(pb::GetResponse {
+                items: self.placements(&r.keys, r.requester_node_id)?,
+            }))
         }
         .await;
         self.failed("batch_get", r)
@@ -411,7 +535,9 @@ impl Metad for MetadService {
             self.check_keys(&r.keys)?;
             self.read().await?;
             let core = self.node.core.lock();
-            Ok(Response::new(pb::ExistsResponse { exists: r.keys.iter().map(|k| core.sm().contains(k)).collect() }))
+            Ok(Response::new(pb::ExistsResponse {
+                exists: r.keys.iter().map(|k| core.sm().contains(k)).collect(),
+            }))
         }
         .await;
         self.failed("exists", r)
@@ -429,7 +555,16 @@ impl Metad for MetadService {
             self.leader().await?;
             match self.propose(Command::Remove { keys }).await? {
                 Outcome::Removed(found) => Ok(Response::new(pb::RemoveResponse {
-                    codes: found.into_iter().map(|f| if f { pb::Code::Ok as i32 } else { pb::Code::NotFound as i32 }).collect(),
+                    codes: found
+                        .into_iter()
+                        .map(|f| {
+                            if f {
+                                pb::Code::Ok as i32
+                            } else {
+                                pb::Code::NotFound as i32
+                            }
+                        })
+                        .collect(),
                 })),
                 other => Err(Status::internal(format!("remove answered {other:?}"))),
             }
@@ -438,7 +573,10 @@ impl Metad for MetadService {
         self.failed("remove", r)
     }
 
-    async fn remove_all(&self, _req: Request<pb::RemoveAllRequest>) -> Reply<pb::RemoveAllResponse> {
+    async fn remove_all(
+        &self,
+        _req: Request<pb::RemoveAllRequest>,
+    ) -> Reply<pb::RemoveAllResponse> {
         self.count("remove_all");
         let r = async {
             self.leader().await?;
@@ -462,7 +600,13 @@ impl Metad for MetadService {
             let c = sm.counters();
             let (reservations, quarantined, leases) = core
                 .leader()
-                .map(|l| (l.reservations().len(), l.reservations().quarantined(), l.leases().len()))
+                .map(|l| {
+                    (
+                        l.reservations().len(),
+                        l.reservations().quarantined(),
+                        l.leases().len(),
+                    )
+                })
                 .unwrap_or((0, 0, 0));
             Ok(Response::new(pb::StatsResponse {
                 id: self.node.id,
@@ -486,13 +630,18 @@ impl Metad for MetadService {
         self.failed("stats", r)
     }
 
-    async fn list_segments(&self, _req: Request<pb::ListSegmentsRequest>) -> Reply<pb::ListSegmentsResponse> {
+    async fn list_segments(
+        &self,
+        _req: Request<pb::ListSegmentsRequest>,
+    ) -> Reply<pb::ListSegmentsResponse> {
         self.count("list_segments");
         let r = async {
             self.read().await?;
             let now = self.node.clock.now();
             let core = self.node.core.lock();
-            let Some(l) = core.leader() else { return Err(Status::unavailable("leader state not built yet")) };
+            let Some(l) = core.leader() else {
+                return Err(Status::unavailable("leader state not built yet"));
+            };
             let ttl = l.config().node_ttl_ms;
             let segments = core
                 .sm()
@@ -508,7 +657,9 @@ impl Metad for MetadService {
                         data_addrs: s.data_addrs.clone(),
                         state: match s.state {
                             SegmentState::Active => pb::SegmentState::SegmentActive as i32,
-                            SegmentState::Draining { .. } => pb::SegmentState::SegmentDraining as i32,
+                            SegmentState::Draining { .. } => {
+                                pb::SegmentState::SegmentDraining as i32
+                            }
                         },
                         last_heartbeat_ms_ago: silence,
                         alive: silence <= ttl,
@@ -528,7 +679,9 @@ impl Metad for MetadService {
             let r = req.into_inner();
             let max = self.node.settings.cache.max_key_len;
             if r.prefix.len() > max || r.start_after.len() > max {
-                return Err(Status::invalid_argument(format!("prefix or start_after longer than {max} bytes")));
+                return Err(Status::invalid_argument(format!(
+                    "prefix or start_after longer than {max} bytes"
+                )));
             }
             let limit = match r.limit {
                 0 => 1000,
@@ -552,8 +705,15 @@ impl Metad for MetadService {
                     },
                 })
                 .collect();
-            let next = if more { keys.last().map(|k| k.key.clone()).unwrap_or_default() } else { String::new() };
-            Ok(Response::new(pb::ListKeysResponse { keys, next_start_after: next }))
+            let next = if more {
+                keys.last().map(|k| k.key.clone()).unwrap_or_default()
+            } else {
+                String::new()
+            };
+            Ok(Response::new(pb::ListKeysResponse {
+                keys,
+                next_start_after: next,
+            }))
         }
         .await;
         self.failed("list_keys", r)
@@ -566,13 +726,20 @@ impl Metad for MetadService {
             if r.id == 0 {
                 return Err(Status::invalid_argument("member ids start at 1"));
             }
-            regolith_proto::client::parse_addrs(&r.addr).map_err(|e| Status::invalid_argument(e.to_string()))?;
+            regolith_proto::client::parse_addrs(&r.addr)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
             self.leader().await?;
             let raft = &self.node.raft;
             tracing::info!(id = r.id, addr = %r.addr, "adding member: learner first");
-            raft.add_learner(r.id, BasicNode { addr: r.addr.clone() }, true)
-                .await
-                .map_err(|e| raft_change_error("add learner", e))?;
+            raft.add_learner(
+                r.id,
+                BasicNode {
+                    addr: r.addr.clone(),
+                },
+                true,
+            )
+            .await
+            .map_err(|e| raft_change_error("add learner", e))?;
             let voters: BTreeSet<u64> = [r.id].into();
             raft.change_membership(ChangeMembers::AddVoterIds(voters), false)
                 .await
@@ -584,14 +751,19 @@ impl Metad for MetadService {
         self.failed("add_member", r)
     }
 
-    async fn remove_member(&self, req: Request<pb::RemoveMemberRequest>) -> Reply<pb::MembersResponse> {
+    async fn remove_member(
+        &self,
+        req: Request<pb::RemoveMemberRequest>,
+    ) -> Reply<pb::MembersResponse> {
         self.count("remove_member");
         let r = async {
             let id = req.into_inner().id;
             self.leader().await?;
             let members = self.node.members();
             if !members.iter().any(|(m, _, _)| *m == id) {
-                return Err(Status::not_found(format!("member {id} is not in the cluster")));
+                return Err(Status::not_found(format!(
+                    "member {id} is not in the cluster"
+                )));
             }
             let voters: BTreeSet<u64> = [id].into();
             let raft = &self.node.raft;
@@ -601,7 +773,9 @@ impl Metad for MetadService {
             } else {
                 ChangeMembers::RemoveNodes(voters)
             };
-            raft.change_membership(change, false).await.map_err(|e| raft_change_error("remove member", e))?;
+            raft.change_membership(change, false)
+                .await
+                .map_err(|e| raft_change_error("remove member", e))?;
             tracing::info!(id, "member removed");
             Ok(Response::new(self.members_reply()))
         }
@@ -617,17 +791,40 @@ impl Metad for MetadService {
             let (segment, objects, timeout) = {
                 let core = self.node.core.lock();
                 let sm = core.sm();
-                let node = sm.node_by_name(&r.node_name).ok_or_else(|| Status::not_found(format!("no node named {:?}", r.node_name)))?;
-                let seg = sm.node_segment(node).ok_or_else(|| Status::not_found(format!("node {:?} has no mounted segment", r.node_name)))?;
-                (seg.id, seg.objects, if r.timeout_ms == 0 { core.config().drain_timeout_ms } else { r.timeout_ms })
+                let node = sm
+                    .node_by_name(&r.node_name)
+                    .ok_or_else(|| Status::not_found(format!("no node named {:?}", r.node_name)))?;
+                let seg = sm.node_segment(node).ok_or_else(|| {
+                    Status::not_found(format!("node {:?} has no mounted segment", r.node_name))
+                })?;
+                (
+                    seg.id,
+                    seg.objects,
+                    if r.timeout_ms == 0 {
+                        core.config().drain_timeout_ms
+                    } else {
+                        r.timeout_ms
+                    },
+                )
             };
             let deadline_ms = self.node.clock.now().wall_ms + timeout;
-            match self.propose(Command::DrainSegment { segment, deadline_ms }).await? {
+            match self
+                .propose(Command::DrainSegment {
+                    segment,
+                    deadline_ms,
+                })
+                .await?
+            {
                 Outcome::DrainSet => {
                     tracing::info!(node = %r.node_name, %segment, timeout_ms = timeout, "draining");
-                    Ok(Response::new(pb::DrainResponse { node_id: segment.node, objects }))
+                    Ok(Response::new(pb::DrainResponse {
+                        node_id: segment.node,
+                        objects,
+                    }))
                 }
-                other => Err(Status::failed_precondition(format!("drain answered {other:?}"))),
+                other => Err(Status::failed_precondition(format!(
+                    "drain answered {other:?}"
+                ))),
             }
         }
         .await;
@@ -642,8 +839,14 @@ impl Metad for MetadService {
             self.read().await?;
             let core = self.node.core.lock();
             Ok(Response::new(match core.sm().meta_get(&key) {
-                Some(v) => pb::MetaGetResponse { found: true, value: v.to_vec() },
-                None => pb::MetaGetResponse { found: false, value: Vec::new() },
+                Some(v) => pb::MetaGetResponse {
+                    found: true,
+                    value: v.to_vec(),
+                },
+                None => pb::MetaGetResponse {
+                    found: false,
+                    value: Vec::new(),
+                },
             }))
         }
         .await;
@@ -663,7 +866,13 @@ impl Metad for MetadService {
                 )));
             }
             self.leader().await?;
-            match self.propose(Command::MetaPut { key: r.key, value: r.value }).await? {
+            match self
+                .propose(Command::MetaPut {
+                    key: r.key,
+                    value: r.value,
+                })
+                .await?
+            {
                 Outcome::Meta { existed } => Ok(Response::new(pb::MetaResponse { existed })),
                 other => Err(Status::internal(format!("meta_put answered {other:?}"))),
             }
@@ -688,7 +897,10 @@ impl Metad for MetadService {
     }
 }
 
-fn raft_change_error<E: std::fmt::Display>(what: &str, e: openraft::error::RaftError<u64, E>) -> Status {
+fn raft_change_error<E: std::fmt::Display>(
+    what: &str,
+    e: openraft::error::RaftError<u64, E>,
+) -> Status {
     use openraft::error::RaftError;
     match &e {
         RaftError::APIError(_) => Status::failed_precondition(format!("{what}: {e}")),

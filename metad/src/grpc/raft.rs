@@ -12,12 +12,17 @@ pub struct RaftService {
 }
 
 fn reply<T: serde::Serialize>(v: &T) -> Result<Response<RaftMessage>, Status> {
-    encode(v).map(|payload| Response::new(RaftMessage { payload })).map_err(|e| Status::internal(e.to_string()))
+    encode(v)
+        .map(|payload| Response::new(RaftMessage { payload }))
+        .map_err(|e| Status::internal(e.to_string()))
 }
 
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
-    async fn append_entries(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+    async fn append_entries(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
         let rpc = decode(&req.into_inner().payload).map_err(Status::invalid_argument)?;
         reply(&self.raft.append_entries(rpc).await)
     }
@@ -27,7 +32,10 @@ impl RaftRpc for RaftService {
         reply(&self.raft.vote(rpc).await)
     }
 
-    async fn install_snapshot(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+    async fn install_snapshot(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
         let rpc = decode(&req.into_inner().payload).map_err(Status::invalid_argument)?;
         reply(&self.raft.install_snapshot(rpc).await)
     }
