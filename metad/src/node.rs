@@ -277,6 +277,7 @@ impl Node {
         m.leader_id.set(obs.leader.unwrap_or(0) as i64);
         m.applied_index.set(obs.applied_index as i64);
         m.last_log_index.set(obs.last_log_index as i64);
+        m.committed_index.set(self.storage.committed_index() as i64);
         m.fsyncs.set(self.storage.fsyncs() as i64);
         m.appended_entries
             .set(self.storage.appended_entries() as i64);

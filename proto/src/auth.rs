@@ -122,7 +122,7 @@ mod tests {
     #[test]
     fn token_check_accepts_only_the_right_token() {
         let check = TokenCheck::new(Some("s3cret".into()));
-        let mut with = |t: Option<&str>| {
+        let with = |t: Option<&str>| {
             let mut i = TokenInterceptor::new(t).unwrap();
             let req = i.call(Request::new(())).unwrap();
             check.check(&req).map_err(|s| s.code())

@@ -444,7 +444,9 @@ where
         committed: Option<LogId<u64>>,
     ) -> Result<(), StorageError<u64>> {
         self.save_committed_sync(committed)
-            .map_err(logs_error(ErrorVerb::Write))
+            .map_err(logs_error(ErrorVerb::Write))?;
+        self.stats().record_committed(committed.map(|c| c.index).unwrap_or(0));
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError<u64>> {

@@ -29,6 +29,7 @@ pub struct StorageStats {
     snapshot_builds: AtomicU64,
     snapshot_installs: AtomicU64,
     last_snapshot_bytes: AtomicU64,
+    committed_index: AtomicU64,
 }
 
 /// A cumulative latency histogram, ready to be exported as a Prometheus histogram.
@@ -106,6 +107,15 @@ impl StorageStats {
             sum_seconds: self.flush_latency_us_sum.load(Ordering::Relaxed) as f64 / 1e6,
             count: cumulative,
         }
+    }
+
+    /// Index of the last entry openraft reported committed (0 before any).
+    pub fn committed_index(&self) -> u64 {
+        self.committed_index.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn record_committed(&self, index: u64) {
+        self.committed_index.store(index, Ordering::Relaxed);
     }
 
     pub(crate) fn record_append(&self, entries: u64, bytes: u64) {

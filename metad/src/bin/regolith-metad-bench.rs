@@ -1,0 +1,303 @@
+//! `regolith-metad-bench`: benchmarks a 3-replica loopback metad cluster it starts itself
+//! (fsync on, real processes) — see docs/benchmarks.md.
+//!
+//! Figures: commits/s with 1 and 64 concurrent writers (reserve + commit), exists and
+//! get-placement latency over gRPC, time from `kill -9` of the leader to the first successful
+//! commit, and replica RSS (steady and peak) with N objects of 64-byte keys.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use regolith_proto::client::{ClientConfig, MetadClient};
+use regolith_proto::metad as pb;
+
+#[derive(Parser, Debug)]
+#[command(about = "Benchmark a 3-replica loopback regolith-metad cluster")]
+struct Opts {
+    /// Seconds per throughput figure.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Objects loaded for the memory figure (0 skips it).
+    #[arg(long, default_value_t = 1_000_000)]
+    objects: u64,
+    /// Latency samples per read figure.
+    #[arg(long, default_value_t = 20_000)]
+    samples: usize,
+    /// Where the replicas keep their data (default: a temp dir).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+struct Replica {
+    id: u64,
+    grpc: String,
+    http: String,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+}
+
+fn metad_binary() -> PathBuf {
+    let me = std::env::current_exe().expect("current exe");
+    me.parent().expect("exe dir").join("regolith-metad")
+}
+
+fn spawn(r: &mut Replica, peers: &str, log_dir: &Path) {
+    let log = std::fs::File::create(log_dir.join(format!("metad-{}.log", r.id))).expect("log file");
+    let child = Command::new(metad_binary())
+        .args(["--id", &r.id.to_string(), "--listen", &r.grpc, "--advertise", &r.grpc])
+        .args(["--metrics-addr", &r.http, "--peers", peers, "--bootstrap"])
+        .arg("--data-dir")
+        .arg(&r.dir)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn regolith-metad (build it first: cargo build --release -p regolith-metad)");
+    r.child = Some(child);
+}
+
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        s.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e6
+}
+
+async fn wait_leader(client: &MetadClient) -> Duration {
+    let start = Instant::now();
+    loop {
+        if client.stats().await.is_ok() {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn put(client: &MetadClient, key: String, node: u64) -> bool {
+    let req = pb::ReserveRequest { key, size: 64, options: None, requester_node_id: node };
+    let Ok((r, addr)) = client.reserve(req).await else { return false };
+    let Some(res) = r.reservation else { return false };
+    matches!(client.commit_at(&addr, pb::CommitRequest { version: res.version, checksum: 1 }).await,
+        Ok(c) if c.status.as_ref().map(|s| s.code) == Some(0))
+}
+
+/// Commits per second with `writers` concurrent writers for `secs` seconds.
+async fn commit_rate(client: &MetadClient, node: u64, writers: usize, secs: u64, prefix: &str) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let (client, done, prefix) = (client.clone(), done.clone(), prefix.to_string());
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while Instant::now() < end {
+                if put(&client, format!("{prefix}-{w}-{i}"), node).await {
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                i += 1;
+            }
+        }));
+    }
+    let start = Instant::now();
+    for t in tasks {
+        let _ = t.await;
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn latencies<F, Fut>(samples: usize, mut f: F) -> (f64, f64)
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut v = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let t = Instant::now();
+        let ok = f(i).await;
+        v.push(t.elapsed());
+        assert!(ok, "read failed during latency measurement");
+    }
+    v.sort();
+    (percentile(&v, 0.5), percentile(&v, 0.99))
+}
+
+/// Loads `n` objects with 64-byte keys in batches of 1000 (batch reserve + batch commit).
+async fn load(client: &MetadClient, node: u64, n: u64) {
+    let mut done = 0;
+    while done < n {
+        let batch = (n - done).min(1000);
+        let items: Vec<pb::ReserveRequest> = (done..done + batch)
+            .map(|i| pb::ReserveRequest {
+                key: format!("{:064}", i),
+                size: 64,
+                options: None,
+                requester_node_id: node,
+            })
+            .collect();
+        let (r, addr) = client.batch_reserve(pb::BatchReserveRequest { items }).await.expect("batch reserve");
+        let commits = r
+            .items
+            .iter()
+            .filter_map(|x| x.reservation.as_ref())
+            .map(|res| pb::CommitRequest { version: res.version, checksum: 7 })
+            .collect();
+        client.batch_commit_at(&addr, pb::BatchCommitRequest { items: commits }).await.expect("batch commit");
+        done += batch;
+        if done % 100_000 == 0 {
+            eprintln!("  loaded {done} objects");
+        }
+    }
+}
+
+fn main() {
+    let opts = Opts::parse();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let base = opts.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+    std::fs::create_dir_all(&base).expect("data dir");
+    let mut replicas: Vec<Replica> = (1..=3)
+        .map(|id| Replica {
+            id,
+            grpc: format!("127.0.0.1:{}", free_port()),
+            http: format!("127.0.0.1:{}", free_port()),
+            dir: base.join(format!("metad-{id}")),
+            child: None,
+        })
+        .collect();
+    let peers = replicas.iter().map(|r| format!("{}={}", r.id, r.grpc)).collect::<Vec<_>>().join(",");
+    for r in replicas.iter_mut() {
+        spawn(r, &peers, &base);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let mut cfg = ClientConfig::new(replicas.iter().map(|r| r.grpc.clone()).collect());
+    cfg.retry_deadline = Duration::from_secs(30);
+    let client = MetadClient::new(cfg).expect("client");
+    let report = rt.block_on(async {
+        wait_leader(&client).await;
+        let m = client
+            .mount(pb::MountSegmentRequest {
+                node_name: "bench-node".into(),
+                node_id: 0,
+                capacity: 1 << 40,
+                data_addrs: vec!["127.0.0.1:7600".into()],
+            })
+            .await
+            .expect("mount");
+        let hb = pb::HeartbeatRequest { node_id: m.node_id, generation: m.generation, ..Default::default() };
+        client.heartbeat(hb.clone()).await.expect("heartbeat");
+        let keepalive = {
+            let (client, hb) = (client.clone(), hb.clone());
+            tokio::spawn(async move {
+                loop {
+                    let _ = client.heartbeat(hb.clone()).await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            })
+        };
+        eprintln!("commits/s, 1 writer...");
+        let c1 = commit_rate(&client, m.node_id, 1, opts.seconds, "w1").await;
+        eprintln!("commits/s, 64 writers...");
+        let c64 = commit_rate(&client, m.node_id, 64, opts.seconds, "w64").await;
+        eprintln!("exists / get latency...");
+        let keys: Vec<String> = (0..1000).map(|i| format!("w1-0-{i}")).collect();
+        let (ex50, ex99) = latencies(opts.samples, |i| {
+            let (c, k) = (client.clone(), keys[i % keys.len()].clone());
+            async move { c.exists(&k).await.is_ok() }
+        })
+        .await;
+        let (get50, get99) = latencies(opts.samples, |i| {
+            let (c, k) = (client.clone(), keys[i % keys.len()].clone());
+            async move { c.get(&k, 0).await.map(|p| p.status.map(|s| s.code) == Some(0)).unwrap_or(false) }
+        })
+        .await;
+        let mut rss = Vec::new();
+        if opts.objects > 0 {
+            eprintln!("loading {} objects...", opts.objects);
+            let t = Instant::now();
+            load(&client, m.node_id, opts.objects).await;
+            eprintln!("  loaded in {:?}", t.elapsed());
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        for r in &replicas {
+            if let Some(c) = &r.child {
+                rss.push(rss_kib(c.id()));
+            }
+        }
+        eprintln!("failover: kill -9 of the leader...");
+        let leader = client.stats().await.expect("stats").leader_id;
+        keepalive.abort();
+        (c1, c64, ex50, ex99, get50, get99, rss, leader, m.node_id, hb)
+    });
+    let (c1, c64, ex50, ex99, get50, get99, rss, leader, node, hb) = report;
+    let killed = Instant::now();
+    if let Some(r) = replicas.iter_mut().find(|r| r.id == leader) {
+        if let Some(mut c) = r.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+    let failover = rt.block_on(async {
+        let mut i = 0;
+        loop {
+            let _ = client.heartbeat(hb.clone()).await;
+            if put(&client, format!("after-kill-{i}"), node).await {
+                return killed.elapsed();
+            }
+            i += 1;
+        }
+    });
+    let mb = |kib: u64| kib as f64 / 1024.0;
+    let rss_steady = rss.iter().map(|r| r.0).max().unwrap_or(0);
+    let rss_peak = rss.iter().map(|r| r.1).max().unwrap_or(0);
+    eprintln!();
+    eprintln!("| figure | value | goal |");
+    eprintln!("|---|---|---|");
+    eprintln!("| commits/s, 1 writer | {c1:.0} | report |");
+    eprintln!("| commits/s, 64 writers | {c64:.0} | >= 10000 |");
+    eprintln!("| exists p50 / p99 (us) | {ex50:.0} / {ex99:.0} | p50 <= 60 |");
+    eprintln!("| get placement p50 / p99 (us) | {get50:.0} / {get99:.0} | p50 <= 80 |");
+    eprintln!("| kill -9 leader -> first commit (ms) | {:.0} | <= 2000 |", failover.as_secs_f64() * 1e3);
+    eprintln!("| RSS steady / peak with {} objects (MB) | {:.0} / {:.0} | <= 300 |", opts.objects, mb(rss_steady), mb(rss_peak));
+    if opts.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "commits_per_s_1": c1, "commits_per_s_64": c64,
+                "exists_p50_us": ex50, "exists_p99_us": ex99,
+                "get_p50_us": get50, "get_p99_us": get99,
+                "failover_ms": failover.as_secs_f64() * 1e3,
+                "objects": opts.objects,
+                "rss_steady_mb": mb(rss_steady), "rss_peak_mb": mb(rss_peak),
+            })
+        );
+    }
+    for r in replicas.iter_mut() {
+        if let Some(mut c) = r.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
