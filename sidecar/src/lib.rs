@@ -1,0 +1,1 @@
+//! regolith-sidecar: the node's memory segment and the data plane.
