@@ -15,5 +15,6 @@
 pub mod error;
 pub mod mem;
 pub mod segment;
+pub mod transport;
 
 pub use error::{Error, Result};
