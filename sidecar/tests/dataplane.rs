@@ -447,3 +447,51 @@ async fn argument_errors_are_reported_not_panicked() {
         .await
         .is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_connections_survive_a_server_restart() {
+    use regolith_sidecar::transport::tcp::{ServerConfig, TcpServer};
+    use std::sync::Arc;
+    init_logs();
+    let a = Node::start(1, ips("127.0.0.2", "127.0.0.3"), 0, 1).await;
+    let mut b = Node::start(2, ips("127.0.0.4", "127.0.0.5"), 8 * MIB as u64, 1).await;
+    let peer = b.peer();
+    let v = Version { term: 1, id: 1 };
+    let data = random_bytes(4 * MIB, 5);
+    let mut h = vec![0u64; chunk_count(data.len() as u64)];
+    a.client
+        .write(&peer, range(1, 0, data.len()), v, &data, &mut h)
+        .await
+        .unwrap();
+
+    // The server goes away (its connections with it) and comes back on the same addresses
+    // and ports: same node, fresh process state.
+    for addr in &peer.addrs {
+        b.server.close_nic(*addr);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    b.server = TcpServer::start(
+        ServerConfig {
+            listen: peer.addrs.clone(),
+            node_id: 2,
+            token: Some(TOKEN.to_vec()),
+            ..ServerConfig::default()
+        },
+        b.segment.clone(),
+        Arc::new(b.admission.clone()),
+        b.stats.clone(),
+    )
+    .await
+    .unwrap();
+    let mut back = vec![0u8; data.len()];
+    let rep = a
+        .client
+        .read(&peer, range(1, 0, data.len()), v, &mut back, &mut h)
+        .await
+        .unwrap();
+    assert!(back == data);
+    assert_eq!(
+        rep.retries, 0,
+        "dead pooled connections are noticed before use"
+    );
+}

@@ -412,7 +412,7 @@ struct Listener {
     task: JoinHandle<()>,
 }
 
-/// A running data-plane server; dropping it does not stop it, [`TcpServer::shutdown`] does.
+/// A running data-plane server; dropping it stops it ([`TcpServer::shutdown`] also waits).
 pub struct TcpServer {
     ctx: Arc<ServerCtx>,
     listeners: Vec<Listener>,
@@ -493,12 +493,19 @@ impl TcpServer {
         }
     }
 
-    /// Stops every listener and connection.
-    pub async fn shutdown(self) {
+    /// Stops every listener and connection, waiting for the listeners to close.
+    pub async fn shutdown(mut self) {
         self.root.cancel();
-        for l in self.listeners {
+        for l in std::mem::take(&mut self.listeners) {
             let _ = l.task.await;
         }
+    }
+}
+
+impl Drop for TcpServer {
+    fn drop(&mut self) {
+        // Listeners and connections stop at their next await point.
+        self.root.cancel();
     }
 }
 
