@@ -139,3 +139,20 @@ async fn bench_32mib_loopback() {
     assert!(dst == src);
     report("striped read (4 pairs x 2 conns)", rd);
 }
+
+/// Segment set-up cost (fallocate + pre-fault) of 1 GiB; the log lines carry the split.
+#[test]
+#[ignore]
+fn bench_segment_setup_1gib() {
+    use regolith_sidecar::segment::{Segment, SegmentOptions};
+    init_logs();
+    let t = Instant::now();
+    let s = Segment::create("bench", 1 << 30, &SegmentOptions::default()).unwrap();
+    let d = t.elapsed();
+    eprintln!(
+        "1 GiB segment ({:?}) ready in {:.0} ms ({:.2} GB/s)",
+        s.page_kind(),
+        d.as_secs_f64() * 1e3,
+        (1u64 << 30) as f64 / d.as_secs_f64() / 1e9
+    );
+}

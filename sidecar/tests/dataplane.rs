@@ -495,3 +495,65 @@ async fn pooled_connections_survive_a_server_restart() {
         "dead pooled connections are noticed before use"
     );
 }
+
+/// Runs where hugetlb pages are available (`vm.nr_hugepages`), skips elsewhere: a huge-page
+/// segment serves writes and reads (reads fall back from sendfile if hugetlbfs cannot splice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_page_segment_when_available() {
+    use regolith_sidecar::segment::{HugePages, PageKind, Segment, SegmentOptions};
+    use regolith_sidecar::transport::tcp::{ServerConfig, TcpServer};
+    use std::sync::Arc;
+    init_logs();
+    let opts = SegmentOptions {
+        huge_pages: HugePages::Require,
+        prefault: true,
+    };
+    let seg = match Segment::create("huge", 8 * MIB as u64, &opts) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            return;
+        }
+    };
+    assert!(matches!(seg.page_kind(), PageKind::Huge { .. }));
+    let a = Node::start(1, ips("127.0.0.2", "127.0.0.3"), 0, 1).await;
+    let b = Node::start(2, ips("127.0.0.4", "127.0.0.5"), 0, 1).await;
+    let server = TcpServer::start(
+        ServerConfig {
+            listen: vec!["127.0.0.6:0".parse().unwrap()],
+            node_id: 3,
+            token: Some(TOKEN.to_vec()),
+            ..ServerConfig::default()
+        },
+        seg.clone(),
+        Arc::new(b.admission.clone()),
+        b.stats.clone(),
+    )
+    .await
+    .unwrap();
+    let peer = regolith_sidecar::transport::PeerAddrs {
+        node_id: 3,
+        addrs: server.local_addrs(),
+    };
+    let v = Version { term: 1, id: 1 };
+    let data = random_bytes(5 * MIB, 8);
+    let mut h = vec![0u64; chunk_count(data.len() as u64)];
+    a.client
+        .write(&peer, range(1, MIB as u64, data.len()), v, &data, &mut h)
+        .await
+        .unwrap();
+    let mut back = vec![0u8; data.len()];
+    let mut h2 = vec![0u64; h.len()];
+    a.client
+        .read(
+            &peer,
+            range(1, MIB as u64, data.len()),
+            v,
+            &mut back,
+            &mut h2,
+        )
+        .await
+        .unwrap();
+    assert!(back == data);
+    assert_eq!(h, h2);
+}
