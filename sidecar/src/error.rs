@@ -36,6 +36,8 @@ pub enum Error {
     },
     #[error("peer {peer}: handshake failed: {reason}")]
     Handshake { peer: SocketAddr, reason: String },
+    #[error("peer {peer}: protocol violation: {reason}")]
+    Protocol { peer: SocketAddr, reason: String },
     #[error("peer {peer}: {op}: {source}")]
     Io {
         peer: SocketAddr,

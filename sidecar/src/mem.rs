@@ -6,8 +6,18 @@
 //! (design §3, invariant 2), a writer owns its reserved extent until it commits, and a committed
 //! extent is immutable until it is freed after its read leases expire. Code that turns a
 //! [`RawRange`] into a slice states which of those rules makes it sound.
+//!
+//! The data-plane server does not make slices at all: [`recv_into`] and [`send_from`] hand the
+//! kernel a pointer into the mapping, as a NIC's DMA would. A misbehaving peer writing the same
+//! bytes over two connections then garbles data (which the checksum catches) but cannot make
+//! this process's behaviour undefined.
 
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
+
+use memmap2::MmapRaw;
+use nix::libc;
 
 /// A bounds-checked `(pointer, length)` into a live mapping (see [`crate::segment::Segment::range`]).
 ///
@@ -71,5 +81,61 @@ impl RawRange {
     pub unsafe fn as_mut_slice<'a>(&self) -> &'a mut [u8] {
         // SAFETY: as for `as_slice`, with exclusivity upheld by the caller.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// Bounds-checks `[offset, offset + len)` against `map` and returns its start.
+fn window(map: &MmapRaw, offset: usize, len: usize) -> io::Result<*mut u8> {
+    match offset.checked_add(len) {
+        Some(end) if end <= map.len() => Ok(map.as_mut_ptr().wrapping_add(offset)),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "[{offset}, +{len}) outside a mapping of {} bytes",
+                map.len()
+            ),
+        )),
+    }
+}
+
+/// One non-blocking `recv(2)` of up to `len` bytes from `sock` into `map` at `offset`.
+pub(crate) fn recv_into(
+    map: &MmapRaw,
+    offset: usize,
+    len: usize,
+    sock: BorrowedFd<'_>,
+) -> io::Result<usize> {
+    let ptr = window(map, offset, len)?;
+    // SAFETY: `[ptr, ptr + len)` lies inside the mapping, which `map` keeps alive for the call;
+    // the kernel writes at most `len` bytes there.
+    let n = unsafe { libc::recv(sock.as_raw_fd(), ptr.cast(), len, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// One non-blocking `send(2)` of up to `len` bytes of `map` at `offset` to `sock`.
+pub(crate) fn send_from(
+    map: &MmapRaw,
+    offset: usize,
+    len: usize,
+    sock: BorrowedFd<'_>,
+) -> io::Result<usize> {
+    let ptr = window(map, offset, len)?;
+    // SAFETY: as in `recv_into`; the kernel only reads the range.
+    let n = unsafe {
+        libc::send(
+            sock.as_raw_fd(),
+            ptr.cast_const().cast(),
+            len,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }

@@ -22,7 +22,7 @@ use nix::sys::stat::fstat;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
-use crate::mem::RawRange;
+use crate::mem::{self, RawRange};
 
 /// Whether to back a new segment with hugetlb pages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -186,6 +186,25 @@ impl Segment {
         Ok(RawRange::new(ptr, len as usize))
     }
 
+    /// One non-blocking `recv` from `sock` into `[offset, offset + len)`, straight into the
+    /// mapping (no Rust reference to the memory is made). `WouldBlock` when nothing is queued.
+    pub fn recv_at(&self, sock: BorrowedFd<'_>, offset: u64, len: usize) -> std::io::Result<usize> {
+        match &self.map {
+            Some(map) if len > 0 => mem::recv_into(map, to_usize(offset)?, len, sock),
+            _ if len == 0 => Ok(0),
+            _ => Err(std::io::ErrorKind::InvalidInput.into()),
+        }
+    }
+
+    /// One non-blocking `send` of `[offset, offset + len)` to `sock`, straight from the mapping.
+    pub fn send_at(&self, sock: BorrowedFd<'_>, offset: u64, len: usize) -> std::io::Result<usize> {
+        match &self.map {
+            Some(map) if len > 0 => mem::send_from(map, to_usize(offset)?, len, sock),
+            _ if len == 0 => Ok(0),
+            _ => Err(std::io::ErrorKind::InvalidInput.into()),
+        }
+    }
+
     /// `[offset, offset + len)` as a shared slice.
     ///
     /// # Safety
@@ -206,6 +225,10 @@ impl Segment {
         // SAFETY: the mapping lives as long as `&self`; the caller upholds exclusivity.
         Ok(unsafe { r.as_mut_slice() })
     }
+}
+
+fn to_usize(offset: u64) -> std::io::Result<usize> {
+    usize::try_from(offset).map_err(|_| std::io::ErrorKind::InvalidInput.into())
 }
 
 fn sys(name: &str, op: &'static str, e: nix::errno::Errno) -> Error {
