@@ -3,7 +3,8 @@
 //! Modules:
 //! * [`segment`] — memfd-backed memory (the node's segment, staging areas, client-registered
 //!   memfds): allocated with `fallocate`, sealed, mapped shared, pre-faulted, bounds-checked.
-//! * [`mem`] — [`mem::RawRange`], the one place where mapped memory becomes slices.
+//! * [`mem`] — [`mem::RawRange`] and socket I/O on mappings: the one place where mapped memory
+//!   becomes slices or pointers handed to the kernel.
 //! * [`transport`] — the data plane: the [`transport::Transport`] trait, transport-independent
 //!   slicing and NIC-pair scheduling, the connection pool, per-NIC counters, and
 //!   [`transport::tcp`], the TCP implementation (server and client).

@@ -41,7 +41,7 @@ use crate::segment::Segment;
 // ---------------------------------------------------------------------------------------------
 
 /// Client-side TCP settings.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct TcpConfig {
     /// This node's id, sent in the handshake.
     pub node_id: u64,
@@ -50,6 +50,18 @@ pub struct TcpConfig {
     pub connect_timeout: Duration,
     /// One slice, request to reply.
     pub io_timeout: Duration,
+}
+
+impl std::fmt::Debug for TcpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a secret: never log it.
+        f.debug_struct("TcpConfig")
+            .field("node_id", &self.node_id)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("io_timeout", &self.io_timeout)
+            .finish()
+    }
 }
 
 impl Default for TcpConfig {
@@ -362,7 +374,7 @@ impl Connection for TcpConnection {
 // ---------------------------------------------------------------------------------------------
 
 /// Server settings.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ServerConfig {
     /// One listener per NIC address (port 0 picks an ephemeral port).
     pub listen: Vec<SocketAddr>,
@@ -380,6 +392,22 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Serve reads with `sendfile` from the segment memfd.
     pub sendfile: bool,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("listen", &self.listen)
+            .field("node_id", &self.node_id)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("max_slice_len", &self.max_slice_len)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field("io_timeout", &self.io_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("sendfile", &self.sendfile)
+            .finish()
+    }
 }
 
 impl Default for ServerConfig {
@@ -749,7 +777,7 @@ async fn handle_write(
     let admitted = ctx.admission.admit_write(req).and_then(|g| {
         ctx.segment
             .range(req.offset, req.len.into())
-            .map(|r| (g, r))
+            .map(|_| g)
             .map_err(|_| Status::OutOfRange)
     });
     let status = match admitted {
@@ -758,7 +786,7 @@ async fn handle_write(
             drain(stream, peer, ctx, req.len as usize, scratch).await?;
             status
         }
-        Ok((mut guard, _range)) => {
+        Ok(mut guard) => {
             let len = req.len as usize;
             timeout(
                 ctx.cfg.io_timeout,
@@ -951,4 +979,25 @@ async fn sendfile_all(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_do_not_print_the_token() {
+        let c = TcpConfig {
+            token: Some(b"hunter2".to_vec()),
+            ..TcpConfig::default()
+        };
+        let s = ServerConfig {
+            token: Some(b"hunter2".to_vec()),
+            ..ServerConfig::default()
+        };
+        for text in [format!("{c:?}"), format!("{s:?}")] {
+            assert!(!text.contains("hunter2") && !text.contains("104"), "{text}");
+            assert!(text.contains("redacted"));
+        }
+    }
 }
