@@ -12,12 +12,18 @@
 //! * [`units`] — parsing of sizes (`1GiB`) and durations (`500ms`) in flags and config files.
 //! * [`client`] — [`client::MetadClient`], which finds the leader, follows redirects and retries
 //!   idempotent calls across elections.
+//! * [`frame`] — the UDS frame codec (`length | opcode | request id | body`).
+//! * [`fdpass`] — file descriptors over a Unix socket (SCM_RIGHTS).
+//! * [`dataplane`] — the sidecar-to-sidecar data-plane wire protocol (handshake, slices).
 //! * [`error`] — the crate's error enum.
 
 pub mod auth;
 pub mod checksum;
 pub mod client;
+pub mod dataplane;
 pub mod error;
+pub mod fdpass;
+pub mod frame;
 pub mod leader;
 pub mod units;
 

@@ -1,0 +1,1003 @@
+//! The TCP data plane: [`TcpTransport`] / [`TcpConnection`] (client side) and [`TcpServer`].
+//! The wire format is [`regolith_proto::dataplane`].
+//!
+//! Zero-copy where the kernel allows (design §7): the server receives a write's body with
+//! `recv` straight into the mapped segment range and serves reads with `sendfile` from the
+//! segment memfd (falling back to `write` from the mapping where the memfd cannot splice, e.g.
+//! hugetlbfs); the client sends from and receives into the caller's memory directly, hashing
+//! each 64 KiB chunk next to its send or receive.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::sendfile::sendfile64;
+use nix::sys::socket::{recv, MsgFlags};
+use regolith_proto::auth::{constant_time_eq, MAX_TOKEN_LEN};
+use regolith_proto::checksum::{chunk_hash, CHUNK};
+use regolith_proto::dataplane::{
+    negotiate, Hello, HelloReply, Kind, RefuseReason, Reply, Request, Status, WireError, HELLO_LEN,
+    HELLO_REPLY_LEN, MAX_SLICE_LEN, REPLY_LEN, REQUEST_LEN, VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::admission::Admission;
+use super::stats::{NicCounters, TransportStats};
+use super::{Connection, NicPair, SliceError, SliceSpec, Transport};
+use crate::error::{Error, Result};
+use crate::segment::Segment;
+
+// ---------------------------------------------------------------------------------------------
+// Client side
+// ---------------------------------------------------------------------------------------------
+
+/// Client-side TCP settings.
+#[derive(Clone)]
+pub struct TcpConfig {
+    /// This node's id, sent in the handshake.
+    pub node_id: u64,
+    pub token: Option<Vec<u8>>,
+    /// Dial plus handshake.
+    pub connect_timeout: Duration,
+    /// One slice, request to reply.
+    pub io_timeout: Duration,
+}
+
+impl std::fmt::Debug for TcpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a secret: never log it.
+        f.debug_struct("TcpConfig")
+            .field("node_id", &self.node_id)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("io_timeout", &self.io_timeout)
+            .finish()
+    }
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        Self {
+            node_id: 0,
+            token: None,
+            connect_timeout: Duration::from_secs(2),
+            io_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Dials TCP data-plane connections.
+pub struct TcpTransport {
+    cfg: TcpConfig,
+    stats: Arc<TransportStats>,
+}
+
+impl TcpTransport {
+    pub fn new(cfg: TcpConfig, stats: Arc<TransportStats>) -> Self {
+        Self { cfg, stats }
+    }
+}
+
+/// An established, authenticated client connection.
+pub struct TcpConnection {
+    stream: TcpStream,
+    pair: NicPair,
+    nic: Arc<NicCounters>,
+    io_timeout: Duration,
+    next_req: u64,
+}
+
+fn io_err(peer: SocketAddr, op: &'static str) -> impl FnOnce(io::Error) -> Error {
+    move |source| Error::Io { peer, op, source }
+}
+
+fn timed_out(
+    peer: SocketAddr,
+    op: &'static str,
+) -> impl FnOnce(tokio::time::error::Elapsed) -> Error {
+    move |_| Error::Io {
+        peer,
+        op,
+        source: io::ErrorKind::TimedOut.into(),
+    }
+}
+
+impl TcpTransport {
+    async fn dial(&self, pair: NicPair) -> Result<TcpStream> {
+        let remote = pair.remote;
+        let sock = if remote.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        }
+        .map_err(io_err(remote, "socket"))?;
+        if let Some(ip) = pair.local {
+            sock.bind(SocketAddr::new(ip, 0))
+                .map_err(io_err(remote, "bind to local NIC"))?;
+        }
+        let stream = sock
+            .connect(remote)
+            .await
+            .map_err(io_err(remote, "connect"))?;
+        stream
+            .set_nodelay(true)
+            .map_err(io_err(remote, "TCP_NODELAY"))?;
+        Ok(stream)
+    }
+
+    async fn client_handshake(
+        &self,
+        stream: &mut TcpStream,
+        peer: SocketAddr,
+        node: u64,
+    ) -> Result<()> {
+        let hello = Hello::new(
+            self.cfg.node_id,
+            self.cfg.token.as_deref().unwrap_or_default(),
+        );
+        let bytes = hello.encode().map_err(|e| Error::Handshake {
+            peer,
+            reason: e.to_string(),
+        })?;
+        stream
+            .write_all(&bytes)
+            .await
+            .map_err(io_err(peer, "send hello"))?;
+        let mut rb = [0u8; HELLO_REPLY_LEN];
+        stream
+            .read_exact(&mut rb)
+            .await
+            .map_err(io_err(peer, "read hello reply"))?;
+        let reply = HelloReply::decode(&rb).map_err(|e| Error::Handshake {
+            peer,
+            reason: e.to_string(),
+        })?;
+        if let Err(r) = reply.verdict {
+            return Err(Error::Handshake {
+                peer,
+                reason: format!("refused: {r} (server speaks version {})", reply.version),
+            });
+        }
+        if reply.node_id != node {
+            return Err(Error::Handshake {
+                peer,
+                reason: format!("peer is node {}, expected node {node}", reply.node_id),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Transport for TcpTransport {
+    type Conn = TcpConnection;
+
+    async fn connect(&self, pair: NicPair, peer_node: u64) -> Result<TcpConnection> {
+        let peer = pair.remote;
+        let fut = async {
+            let mut stream = self.dial(pair).await?;
+            self.client_handshake(&mut stream, peer, peer_node).await?;
+            Ok(stream)
+        };
+        let stream = timeout(self.cfg.connect_timeout, fut)
+            .await
+            .map_err(timed_out(peer, "connect and handshake"))??;
+        debug!(pair = %pair, node = peer_node, "data-plane connection up");
+        Ok(TcpConnection {
+            stream,
+            pair,
+            nic: self.stats.nic(pair.local),
+            io_timeout: self.cfg.io_timeout,
+            next_req: 1,
+        })
+    }
+}
+
+/// Checksum chunks hashed and sent per `write` on the client's write path.
+const SEND_GROUP_CHUNKS: usize = 4;
+
+fn conn_err(e: io::Error) -> SliceError {
+    SliceError::Connection(e.to_string())
+}
+
+impl TcpConnection {
+    fn request(&mut self, kind: Kind, spec: &SliceSpec) -> Request {
+        let req_id = self.next_req;
+        self.next_req += 1;
+        Request {
+            kind,
+            req_id,
+            generation: spec.generation,
+            offset: spec.offset,
+            len: spec.len,
+            term: spec.version.term,
+            res_id: spec.version.id,
+        }
+    }
+
+    async fn read_reply(&mut self, req: &Request) -> std::result::Result<Reply, SliceError> {
+        let mut b = [0u8; REPLY_LEN];
+        self.stream.read_exact(&mut b).await.map_err(conn_err)?;
+        let reply = Reply::decode(&b).map_err(|e| SliceError::Connection(e.to_string()))?;
+        if reply.req_id != req.req_id {
+            return Err(SliceError::Connection(format!(
+                "reply for request {} while waiting for {}",
+                reply.req_id, req.req_id
+            )));
+        }
+        let expect_len = match (req.kind, reply.status) {
+            (Kind::Read, Status::Ok) => req.len,
+            _ => 0,
+        };
+        if reply.len != expect_len {
+            return Err(SliceError::Connection(format!(
+                "reply announces {} bytes, expected {expect_len}",
+                reply.len
+            )));
+        }
+        if reply.status != Status::Ok {
+            return Err(SliceError::Refused {
+                status: reply.status,
+                peer_term: reply.term,
+            });
+        }
+        Ok(reply)
+    }
+
+    async fn write_inner(
+        &mut self,
+        req: Request,
+        seed: u64,
+        src: &[u8],
+        hashes: &mut [u64],
+    ) -> std::result::Result<(), SliceError> {
+        // Hash a few chunks, then send them at once: still in L2 when the kernel copies them,
+        // and a quarter of the syscalls of chunk-by-chunk sends. The header rides in the same
+        // writev as the first group, so it does not leave as a packet of its own.
+        let head = req.encode();
+        let group = CHUNK * SEND_GROUP_CHUNKS;
+        for (i, (piece, hs)) in src
+            .chunks(group)
+            .zip(hashes.chunks_mut(SEND_GROUP_CHUNKS))
+            .enumerate()
+        {
+            for (c, h) in piece.chunks(CHUNK).zip(hs.iter_mut()) {
+                *h = chunk_hash(seed, c);
+            }
+            if i == 0 {
+                write_all_two(&mut self.stream, &head, piece).await
+            } else {
+                self.stream.write_all(piece).await
+            }
+            .map_err(conn_err)?;
+            self.nic.add_out(piece.len());
+        }
+        if src.is_empty() {
+            self.stream.write_all(&head).await.map_err(conn_err)?;
+        }
+        self.read_reply(&req).await.map(drop)
+    }
+
+    async fn read_inner(
+        &mut self,
+        req: Request,
+        seed: u64,
+        dst: &mut [u8],
+        hashes: &mut [u64],
+    ) -> std::result::Result<(), SliceError> {
+        self.stream
+            .write_all(&req.encode())
+            .await
+            .map_err(conn_err)?;
+        self.read_reply(&req).await?;
+        for (chunk, h) in dst.chunks_mut(CHUNK).zip(hashes.iter_mut()) {
+            self.stream.read_exact(chunk).await.map_err(conn_err)?;
+            *h = chunk_hash(seed, chunk);
+            self.nic.add_in(chunk.len());
+        }
+        Ok(())
+    }
+}
+
+fn check_lengths(
+    spec: &SliceSpec,
+    buf: usize,
+    hashes: usize,
+) -> std::result::Result<(), SliceError> {
+    if buf != spec.len as usize || hashes != (spec.len as usize).div_ceil(CHUNK) {
+        return Err(SliceError::Refused {
+            status: Status::BadRequest,
+            peer_term: 0,
+        });
+    }
+    Ok(())
+}
+
+impl Connection for TcpConnection {
+    fn pair(&self) -> NicPair {
+        self.pair
+    }
+
+    fn is_reusable(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        // Idle connections have nothing to read: EAGAIN means alive, 0 means the peer closed,
+        // and data would be a protocol violation.
+        matches!(
+            recv(
+                self.stream.as_raw_fd(),
+                &mut b,
+                MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT
+            ),
+            Err(Errno::EAGAIN)
+        )
+    }
+
+    async fn write_slice<'a>(
+        &'a mut self,
+        spec: SliceSpec,
+        src: &'a [u8],
+        hashes: &'a mut [u64],
+    ) -> std::result::Result<(), SliceError> {
+        check_lengths(&spec, src.len(), hashes.len())?;
+        let req = self.request(Kind::Write, &spec);
+        let t = self.io_timeout;
+        timeout(t, self.write_inner(req, spec.version.seed(), src, hashes))
+            .await
+            .map_err(|_| SliceError::Connection(format!("write slice timed out after {t:?}")))?
+    }
+
+    async fn read_slice<'a>(
+        &'a mut self,
+        spec: SliceSpec,
+        dst: &'a mut [u8],
+        hashes: &'a mut [u64],
+    ) -> std::result::Result<(), SliceError> {
+        check_lengths(&spec, dst.len(), hashes.len())?;
+        let req = self.request(Kind::Read, &spec);
+        let t = self.io_timeout;
+        timeout(t, self.read_inner(req, spec.version.seed(), dst, hashes))
+            .await
+            .map_err(|_| SliceError::Connection(format!("read slice timed out after {t:?}")))?
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server side
+// ---------------------------------------------------------------------------------------------
+
+/// Server settings.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// One listener per NIC address (port 0 picks an ephemeral port).
+    pub listen: Vec<SocketAddr>,
+    /// This node's id, returned in the handshake.
+    pub node_id: u64,
+    /// The cluster token; `None` accepts any.
+    pub token: Option<Vec<u8>>,
+    /// Largest slice accepted (at most [`MAX_SLICE_LEN`]).
+    pub max_slice_len: u32,
+    pub handshake_timeout: Duration,
+    /// Receiving one write body / sending one read reply.
+    pub io_timeout: Duration,
+    /// An idle connection is closed after this long without a request.
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+    /// Serve reads with `sendfile` from the segment memfd.
+    pub sendfile: bool,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("listen", &self.listen)
+            .field("node_id", &self.node_id)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("max_slice_len", &self.max_slice_len)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field("io_timeout", &self.io_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("sendfile", &self.sendfile)
+            .finish()
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: Vec::new(),
+            node_id: 0,
+            token: None,
+            max_slice_len: MAX_SLICE_LEN,
+            handshake_timeout: Duration::from_secs(5),
+            io_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(600),
+            max_connections: 4096,
+            sendfile: true,
+        }
+    }
+}
+
+struct ServerCtx {
+    cfg: ServerConfig,
+    segment: Arc<Segment>,
+    admission: Arc<dyn Admission>,
+    sendfile_ok: AtomicBool,
+    active: AtomicUsize,
+}
+
+struct Listener {
+    addr: SocketAddr,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// A running data-plane server; dropping it stops it ([`TcpServer::shutdown`] also waits).
+pub struct TcpServer {
+    ctx: Arc<ServerCtx>,
+    listeners: Vec<Listener>,
+    root: CancellationToken,
+}
+
+impl TcpServer {
+    /// Binds every address of `cfg.listen` and starts serving `segment`.
+    pub async fn start(
+        cfg: ServerConfig,
+        segment: Arc<Segment>,
+        admission: Arc<dyn Admission>,
+        stats: Arc<TransportStats>,
+    ) -> Result<Self> {
+        if cfg.listen.is_empty() {
+            return Err(Error::Config(
+                "data-plane server needs at least one listen address".into(),
+            ));
+        }
+        let mut bound = Vec::new();
+        for addr in &cfg.listen {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|source| Error::Bind {
+                    addr: *addr,
+                    source,
+                })?;
+            let local = l.local_addr().map_err(|source| Error::Bind {
+                addr: *addr,
+                source,
+            })?;
+            bound.push((l, local));
+        }
+        let ctx = Arc::new(ServerCtx {
+            sendfile_ok: AtomicBool::new(cfg.sendfile),
+            cfg,
+            segment,
+            admission,
+            active: AtomicUsize::new(0),
+        });
+        let root = CancellationToken::new();
+        let listeners = bound
+            .into_iter()
+            .map(|(l, addr)| {
+                let cancel = root.child_token();
+                let nic = stats.nic(Some(addr.ip()));
+                let task = tokio::spawn(accept_loop(l, addr, ctx.clone(), nic, cancel.clone()));
+                info!(%addr, node = ctx.cfg.node_id, "data plane listening");
+                Listener { addr, cancel, task }
+            })
+            .collect();
+        Ok(Self {
+            ctx,
+            listeners,
+            root,
+        })
+    }
+
+    /// The bound listener addresses (with the actual ports).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners.iter().map(|l| l.addr).collect()
+    }
+
+    /// Connections currently open.
+    pub fn active_connections(&self) -> usize {
+        self.ctx.active.load(Relaxed)
+    }
+
+    /// Stops the listener on `addr` and closes every connection it accepted (a NIC going away).
+    pub fn close_nic(&self, addr: SocketAddr) -> bool {
+        match self.listeners.iter().find(|l| l.addr == addr) {
+            Some(l) => {
+                l.cancel.cancel();
+                info!(%addr, "data-plane listener closed");
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops every listener and connection, waiting for the listeners to close.
+    pub async fn shutdown(mut self) {
+        self.root.cancel();
+        for l in std::mem::take(&mut self.listeners) {
+            let _ = l.task.await;
+        }
+    }
+}
+
+impl Drop for TcpServer {
+    fn drop(&mut self) {
+        // Listeners and connections stop at their next await point.
+        self.root.cancel();
+    }
+}
+
+/// Decrements the open-connection count when a connection task ends.
+struct ActiveGuard(Arc<ServerCtx>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Relaxed);
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    addr: SocketAddr,
+    ctx: Arc<ServerCtx>,
+    nic: Arc<NicCounters>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => break,
+            r = listener.accept() => r,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                warn!(%addr, "accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let n = ctx.active.fetch_add(1, Relaxed);
+        let guard = ActiveGuard(ctx.clone());
+        let (ctx, nic, cancel) = (ctx.clone(), nic.clone(), cancel.clone());
+        tokio::spawn(async move {
+            let _guard = guard;
+            if n >= ctx.cfg.max_connections {
+                refuse_busy(stream, peer, &ctx).await;
+                return;
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => debug!(%peer, "connection closed with its listener"),
+                r = serve_conn(stream, peer, &ctx, &nic) => match r {
+                    Ok(()) => debug!(%peer, "connection closed"),
+                    Err(e) => info!(%peer, "data-plane connection dropped: {e}"),
+                },
+            }
+        });
+    }
+}
+
+async fn refuse_busy(mut stream: TcpStream, peer: SocketAddr, ctx: &ServerCtx) {
+    let reply = HelloReply {
+        version: VERSION,
+        verdict: Err(RefuseReason::Busy),
+        node_id: ctx.cfg.node_id,
+    };
+    let _ = timeout(Duration::from_secs(1), stream.write_all(&reply.encode())).await;
+    warn!(%peer, limit = ctx.cfg.max_connections, "data-plane connection refused: at limit");
+}
+
+async fn serve_conn(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    ctx: &ServerCtx,
+    nic: &NicCounters,
+) -> Result<()> {
+    stream
+        .set_nodelay(true)
+        .map_err(io_err(peer, "TCP_NODELAY"))?;
+    timeout(
+        ctx.cfg.handshake_timeout,
+        server_handshake(&mut stream, peer, ctx),
+    )
+    .await
+    .map_err(timed_out(peer, "handshake"))??;
+    let mut scratch = Vec::new();
+    loop {
+        let mut hdr = [0u8; REQUEST_LEN];
+        match timeout(
+            ctx.cfg.idle_timeout,
+            read_header(&mut stream, peer, &mut hdr, ctx),
+        )
+        .await
+        {
+            Err(_) => return Ok(()), // idle too long
+            Ok(r) => {
+                if !r? {
+                    return Ok(());
+                }
+            }
+        }
+        let req = match Request::decode(&hdr, ctx.cfg.max_slice_len) {
+            Ok(r) => r,
+            Err(e) => return refuse_header(&mut stream, peer, ctx, &hdr, e).await,
+        };
+        match req.kind {
+            Kind::Write => handle_write(&mut stream, peer, ctx, nic, &req, &mut scratch).await?,
+            Kind::Read => handle_read(&mut stream, peer, ctx, nic, &req).await?,
+        }
+    }
+}
+
+async fn server_handshake(stream: &mut TcpStream, peer: SocketAddr, ctx: &ServerCtx) -> Result<()> {
+    let mut fixed = [0u8; HELLO_LEN];
+    stream
+        .read_exact(&mut fixed)
+        .await
+        .map_err(io_err(peer, "read hello"))?;
+    let hello = match Hello::decode_fixed(&fixed) {
+        Ok(h) => h,
+        Err(WireError::BadMagic(_)) => {
+            return refuse(stream, peer, ctx, RefuseReason::BadMagic).await
+        }
+        // Only an oversized token is left: refuse without reading it.
+        Err(_) => return refuse(stream, peer, ctx, RefuseReason::BadToken).await,
+    };
+    let version = match negotiate(hello.version) {
+        Ok(v) => v,
+        Err(r) => return refuse(stream, peer, ctx, r).await,
+    };
+    let mut token_buf = [0u8; MAX_TOKEN_LEN];
+    let token = &mut token_buf[..usize::from(hello.token_len)];
+    stream
+        .read_exact(token)
+        .await
+        .map_err(io_err(peer, "read token"))?;
+    if let Some(expected) = &ctx.cfg.token {
+        if !constant_time_eq(token, expected) {
+            warn!(%peer, node = hello.node_id, "data-plane peer presented a wrong cluster token");
+            return refuse(stream, peer, ctx, RefuseReason::BadToken).await;
+        }
+    }
+    let reply = HelloReply {
+        version,
+        verdict: Ok(()),
+        node_id: ctx.cfg.node_id,
+    };
+    stream
+        .write_all(&reply.encode())
+        .await
+        .map_err(io_err(peer, "send hello reply"))?;
+    debug!(%peer, node = hello.node_id, version, "data-plane peer accepted");
+    Ok(())
+}
+
+async fn refuse(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    ctx: &ServerCtx,
+    reason: RefuseReason,
+) -> Result<()> {
+    let reply = HelloReply {
+        version: VERSION,
+        verdict: Err(reason),
+        node_id: ctx.cfg.node_id,
+    };
+    let _ = stream.write_all(&reply.encode()).await;
+    let _ = stream.shutdown().await;
+    Err(Error::Handshake {
+        peer,
+        reason: format!("refused: {reason}"),
+    })
+}
+
+/// Reads a request header; `false` on a clean end of stream between requests.
+async fn read_header(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    hdr: &mut [u8; REQUEST_LEN],
+    ctx: &ServerCtx,
+) -> Result<bool> {
+    let n = stream
+        .read(hdr)
+        .await
+        .map_err(io_err(peer, "read request"))?;
+    if n == 0 {
+        return Ok(false);
+    }
+    timeout(ctx.cfg.io_timeout, stream.read_exact(&mut hdr[n..]))
+        .await
+        .map_err(timed_out(peer, "read request header"))?
+        .map_err(io_err(peer, "read request header"))?;
+    Ok(true)
+}
+
+/// Answers an untrustworthy header and ends the connection: its body length cannot be relied on.
+async fn refuse_header(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    ctx: &ServerCtx,
+    hdr: &[u8; REQUEST_LEN],
+    e: WireError,
+) -> Result<()> {
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&hdr[8..16]);
+    let reply = Reply {
+        req_id: u64::from_le_bytes(id),
+        status: e.status(),
+        len: 0,
+        term: ctx.admission.highest_term(),
+    };
+    let _ = timeout(ctx.cfg.io_timeout, stream.write_all(&reply.encode())).await;
+    let _ = stream.shutdown().await;
+    Err(Error::Protocol {
+        peer,
+        reason: format!("bad request header: {e}"),
+    })
+}
+
+async fn send_reply(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    ctx: &ServerCtx,
+    req: &Request,
+    status: Status,
+) -> Result<()> {
+    let reply = Reply {
+        req_id: req.req_id,
+        status,
+        len: 0,
+        term: ctx.admission.highest_term(),
+    };
+    timeout(ctx.cfg.io_timeout, stream.write_all(&reply.encode()))
+        .await
+        .map_err(timed_out(peer, "send reply"))?
+        .map_err(io_err(peer, "send reply"))
+}
+
+async fn handle_write(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    ctx: &ServerCtx,
+    nic: &NicCounters,
+    req: &Request,
+    scratch: &mut Vec<u8>,
+) -> Result<()> {
+    let admitted = ctx.admission.admit_write(req).and_then(|g| {
+        ctx.segment
+            .range(req.offset, req.len.into())
+            .map(|_| g)
+            .map_err(|_| Status::OutOfRange)
+    });
+    let status = match admitted {
+        Err(status) => {
+            debug!(%peer, generation = req.generation, offset = req.offset, len = req.len, %status, "write refused");
+            drain(stream, peer, ctx, req.len as usize, scratch).await?;
+            status
+        }
+        Ok(mut guard) => {
+            let len = req.len as usize;
+            timeout(
+                ctx.cfg.io_timeout,
+                recv_into_segment(stream, &ctx.segment, req.offset, len),
+            )
+            .await
+            .map_err(timed_out(peer, "receive write body"))?
+            .map_err(io_err(peer, "receive write body"))?;
+            nic.add_in(len);
+            nic.slices.fetch_add(1, Relaxed);
+            let verdict = guard.complete();
+            drop(guard);
+            verdict.err().unwrap_or(Status::Ok)
+        }
+    };
+    send_reply(stream, peer, ctx, req, status).await
+}
+
+/// Reads and discards a refused write's body so the connection stays in step.
+async fn drain(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    ctx: &ServerCtx,
+    mut len: usize,
+    scratch: &mut Vec<u8>,
+) -> Result<()> {
+    if len > 0 && scratch.is_empty() {
+        scratch.resize(CHUNK, 0);
+    }
+    let fut = async {
+        while len > 0 {
+            let n = len.min(scratch.len());
+            stream.read_exact(&mut scratch[..n]).await?;
+            len -= n;
+        }
+        Ok::<_, io::Error>(())
+    };
+    timeout(ctx.cfg.io_timeout, fut)
+        .await
+        .map_err(timed_out(peer, "drain refused write body"))?
+        .map_err(io_err(peer, "drain refused write body"))
+}
+
+async fn handle_read(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    ctx: &ServerCtx,
+    nic: &NicCounters,
+    req: &Request,
+) -> Result<()> {
+    let admitted = ctx.admission.admit_read(req).and_then(|()| {
+        ctx.segment
+            .range(req.offset, req.len.into())
+            .map_err(|_| Status::OutOfRange)
+    });
+    let range = match admitted {
+        Ok(r) => r,
+        Err(status) => {
+            debug!(%peer, generation = req.generation, offset = req.offset, len = req.len, %status, "read refused");
+            return send_reply(stream, peer, ctx, req, status).await;
+        }
+    };
+    let reply = Reply {
+        req_id: req.req_id,
+        status: Status::Ok,
+        len: req.len,
+        term: ctx.admission.highest_term(),
+    };
+    let fut = async {
+        // The header goes as a plain write: sent with MSG_MORE it stalls the sendfile behind
+        // it (measured: 2.5 vs 5.5 GB/s on loopback).
+        stream.write_all(&reply.encode()).await?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        if ctx.sendfile_ok.load(Relaxed) {
+            match sendfile_all(stream, ctx.segment.fd(), req.offset, range.len()).await {
+                Ok(()) => return Ok(()),
+                Err((0, e)) if splice_unsupported(&e) => {
+                    warn!(
+                        segment = ctx.segment.name(),
+                        "sendfile unsupported ({e}); serving reads with send from the mapping"
+                    );
+                    ctx.sendfile_ok.store(false, Relaxed);
+                }
+                Err((_, e)) => return Err(e),
+            }
+        }
+        send_from_segment(stream, &ctx.segment, req.offset, range.len()).await
+    };
+    timeout(ctx.cfg.io_timeout, fut)
+        .await
+        .map_err(timed_out(peer, "send read data"))?
+        .map_err(io_err(peer, "send read data"))?;
+    nic.add_out(range.len());
+    nic.slices.fetch_add(1, Relaxed);
+    Ok(())
+}
+
+fn splice_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error().map(Errno::from_raw),
+        Some(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP)
+    )
+}
+
+/// Writes `head` then `body` with as few syscalls as possible (one `writev` in the common
+/// case), so a small header leaves in the same segment as the data behind it.
+async fn write_all_two(stream: &mut TcpStream, head: &[u8], body: &[u8]) -> io::Result<()> {
+    let mut off = 0usize;
+    let total = head.len() + body.len();
+    while off < head.len() {
+        let bufs = [io::IoSlice::new(&head[off..]), io::IoSlice::new(body)];
+        let n = stream.write_vectored(&bufs).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        off += n;
+    }
+    if off < total {
+        stream.write_all(&body[off - head.len()..]).await?;
+    }
+    Ok(())
+}
+
+/// Receives exactly `len` bytes into the segment at `offset`, straight from the socket.
+async fn recv_into_segment(
+    stream: &TcpStream,
+    segment: &Segment,
+    offset: u64,
+    len: usize,
+) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let n = stream
+            .async_io(Interest::READABLE, || {
+                segment.recv_at(stream.as_fd(), offset + done as u64, len - done)
+            })
+            .await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// Sends exactly `len` bytes of the segment at `offset`, straight from the mapping.
+async fn send_from_segment(
+    stream: &TcpStream,
+    segment: &Segment,
+    offset: u64,
+    len: usize,
+) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let n = stream
+            .async_io(Interest::WRITABLE, || {
+                segment.send_at(stream.as_fd(), offset + done as u64, len - done)
+            })
+            .await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// `sendfile` of `len` bytes of `file` at `offset`; on error, also how much was sent.
+async fn sendfile_all(
+    stream: &TcpStream,
+    file: BorrowedFd<'_>,
+    offset: u64,
+    len: usize,
+) -> std::result::Result<(), (usize, io::Error)> {
+    let mut off = offset as i64;
+    let mut sent = 0usize;
+    while sent < len {
+        let r = stream
+            .async_io(Interest::WRITABLE, || {
+                sendfile64(stream.as_fd(), file, Some(&mut off), len - sent)
+                    .map_err(io::Error::from)
+            })
+            .await;
+        match r {
+            Ok(0) => return Err((sent, io::ErrorKind::WriteZero.into())),
+            Ok(n) => sent += n,
+            Err(e) => return Err((sent, e)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_do_not_print_the_token() {
+        let c = TcpConfig {
+            token: Some(b"hunter2".to_vec()),
+            ..TcpConfig::default()
+        };
+        let s = ServerConfig {
+            token: Some(b"hunter2".to_vec()),
+            ..ServerConfig::default()
+        };
+        for text in [format!("{c:?}"), format!("{s:?}")] {
+            assert!(!text.contains("hunter2") && !text.contains("104"), "{text}");
+            assert!(text.contains("redacted"));
+        }
+    }
+}
