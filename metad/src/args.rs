@@ -96,6 +96,10 @@ pub struct Args {
     /// Build a snapshot (and purge the log) after this many entries.
     #[arg(long, env = "REGOLITH_SNAPSHOT_LOGS")]
     pub snapshot_logs: Option<u64>,
+    /// Also build a snapshot once this many bytes were appended to the log since the last one
+    /// (entries carry batches, so a count alone bounds the log poorly), e.g. 64MiB.
+    #[arg(long, env = "REGOLITH_SNAPSHOT_BYTES")]
+    pub snapshot_bytes: Option<String>,
     /// Largest Raft entry (a batch of commands), e.g. 1MiB.
     #[arg(long, env = "REGOLITH_MAX_ENTRY_BYTES")]
     pub max_entry_bytes: Option<String>,
@@ -144,6 +148,7 @@ pub struct FileConfig {
     pub election_timeout_min: Option<String>,
     pub election_timeout_max: Option<String>,
     pub snapshot_logs: Option<u64>,
+    pub snapshot_bytes: Option<String>,
     pub max_entry_bytes: Option<String>,
     pub raft_max_message_bytes: Option<String>,
     pub sled_cache: Option<String>,
@@ -167,6 +172,7 @@ pub struct Settings {
     pub election_timeout_min: Duration,
     pub election_timeout_max: Duration,
     pub snapshot_logs: u64,
+    pub snapshot_bytes: u64,
     pub max_entry_bytes: usize,
     pub raft_max_message_bytes: usize,
     pub sled_cache_bytes: u64,
@@ -422,9 +428,15 @@ impl Args {
                 .or(file.snapshot_logs)
                 .unwrap_or(20_000)
                 .max(100),
+            snapshot_bytes: size(
+                "snapshot-bytes",
+                self.snapshot_bytes.or(file.snapshot_bytes),
+                64 << 20,
+            )?
+            .max(1 << 20),
             max_entry_bytes,
             raft_max_message_bytes,
-            sled_cache_bytes: size("sled-cache", self.sled_cache.or(file.sled_cache), 64 << 20)?,
+            sled_cache_bytes: size("sled-cache", self.sled_cache.or(file.sled_cache), 32 << 20)?,
             verbose: self.verbose,
             json_logs,
         })

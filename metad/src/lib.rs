@@ -3,7 +3,8 @@
 //! The core is sans-I/O — plain types with plain methods, tested without a runtime:
 //! * [`types`] — segments, extents, versions, objects.
 //! * [`command`] — the replicated commands and their outcomes.
-//! * [`state`] — the replicated state machine (`apply`, snapshots).
+//! * [`state`] — the replicated state machine (`apply`, snapshots); [`objects`] — its sharded
+//!   object table.
 //! * [`alloc`] — the free-range allocator used by the state machine and the shadow allocator.
 //! * [`leader`] — leader-only logic: shadow allocator, reservations, leases, placement,
 //!   eviction, liveness.
@@ -37,6 +38,7 @@ pub mod leader;
 pub mod metrics;
 pub mod network;
 pub mod node;
+pub mod objects;
 pub mod proposer;
 pub mod raft_types;
 pub mod run;

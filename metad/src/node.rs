@@ -88,7 +88,7 @@ impl Node {
             replication_lag_threshold: settings.snapshot_logs * 2,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_logs),
             snapshot_max_chunk_size: (settings.raft_max_message_bytes / 2) as u64,
-            max_in_snapshot_log_to_keep: 1000,
+            max_in_snapshot_log_to_keep: 128,
             ..Default::default()
         }
         .validate()
@@ -201,11 +201,13 @@ impl Node {
     async fn housekeeping(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut snapshot_mark = self.storage.appended_bytes();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.wait_for(|s| *s) => return,
             }
+            self.snapshot_if_log_grew(&mut snapshot_mark).await;
             let lease_ok = self.gate.lease_ok();
             let now = self.clock.now();
             let cmds: Vec<Command> = {
@@ -226,6 +228,20 @@ impl Node {
                     }
                 }
             });
+        }
+    }
+
+    /// Every replica snapshots (and so purges) its own log once `--snapshot-bytes` were appended
+    /// since the last time, whatever the entry count.
+    async fn snapshot_if_log_grew(&self, mark: &mut u64) {
+        let appended = self.storage.appended_bytes();
+        if appended.saturating_sub(*mark) < self.settings.snapshot_bytes {
+            return;
+        }
+        *mark = appended;
+        tracing::info!(appended, "log grew past --snapshot-bytes: building a snapshot");
+        if let Err(e) = self.raft.trigger().snapshot().await {
+            tracing::warn!(error = %e, "could not trigger a snapshot");
         }
     }
 

@@ -18,8 +18,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::alloc::RangeAlloc;
 use crate::command::{Command, Outcome};
+use crate::objects::{Cursor, Objects};
 use crate::types::{
-    Extent, NodeId, Object, Pin, Replica, Segment, SegmentId, SegmentState, UnmountReason, Version,
+    Extent, NodeId, Object, Pin, Replica, Replicas, Segment, SegmentId, SegmentState,
+    UnmountReason, Version,
 };
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"RGSM";
@@ -89,7 +91,7 @@ pub struct StateMachine {
     /// The current (only) mounted segment of each node.
     node_segment: BTreeMap<NodeId, SegmentId>,
     free: BTreeMap<SegmentId, RangeAlloc>,
-    objects: BTreeMap<Box<str>, Object>,
+    objects: Objects,
     meta: BTreeMap<String, Vec<u8>>,
     counters: Counters,
     // Derived indexes (rebuilt on restore, not in snapshots).
@@ -136,33 +138,33 @@ impl StateMachine {
     }
 
     pub fn objects(&self) -> impl Iterator<Item = (&str, &Object)> {
-        self.objects.iter().map(|(k, v)| (&**k, v))
+        self.objects.iter()
     }
 
-    /// Objects from `start` (inclusive), wrapping is the caller's business.
-    pub fn objects_from<'a>(
-        &'a self,
-        start: &str,
-    ) -> impl Iterator<Item = (&'a str, &'a Object)> + 'a {
-        self.objects
-            .range::<str, _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
-            .map(|(k, v)| (&**k, v))
+    /// Up to `n` objects from `from` on, in the (deterministic) iteration order, wrapping.
+    pub fn scan_objects(&self, from: Cursor, n: usize) -> (Vec<(&str, &Object)>, Cursor) {
+        self.objects.scan(from, n)
     }
 
-    /// Keys with `prefix`, strictly after `start_after`, at most `limit`.
+    /// Keys with `prefix`, strictly after `start_after`, at most `limit`, in key order. A scan
+    /// of every key keeping the `limit` smallest: paged listing is an admin operation, and no
+    /// ordered index is kept just for it.
     pub fn list_keys(&self, prefix: &str, start_after: &str, limit: usize) -> Vec<(&str, &Object)> {
-        let start = if start_after.is_empty() || start_after < prefix {
-            prefix
-        } else {
-            start_after
-        };
-        self.objects
-            .range::<str, _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
-            .map(|(k, v)| (&**k, v))
-            .filter(|(k, _)| *k != start_after)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .take(limit)
-            .collect()
+        let mut best: std::collections::BinaryHeap<&str> = std::collections::BinaryHeap::with_capacity(limit + 1);
+        for k in self.objects.keys() {
+            if !k.starts_with(prefix) || k <= start_after {
+                continue;
+            }
+            if best.len() < limit {
+                best.push(k);
+            } else if best.peek().is_some_and(|top| k < *top) {
+                best.pop();
+                best.push(k);
+            }
+        }
+        let mut keys = best.into_vec();
+        keys.sort_unstable();
+        keys.into_iter().filter_map(|k| self.objects.get_key_value(k)).collect()
     }
 
     pub fn key_count(&self) -> usize {
@@ -263,7 +265,7 @@ impl StateMachine {
                 Outcome::Removed(r)
             }
             Command::RemoveAll => {
-                let keys: Vec<Box<str>> = self.objects.keys().cloned().collect();
+                let keys: Vec<String> = self.objects.keys().map(str::to_string).collect();
                 for k in &keys {
                     self.remove_object(k, fx);
                 }
@@ -312,11 +314,14 @@ impl StateMachine {
         let node = match self.names.get(name) {
             Some(id) => *id,
             None => {
-                let id = if hint != 0 && !self.nodes.contains_key(&hint) {
+                let id = if hint != 0 && hint <= u32::MAX as u64 && !self.nodes.contains_key(&hint) {
                     hint
                 } else {
                     self.next_node_id
                 };
+                if id > u32::MAX as u64 {
+                    return Outcome::Conflict(format!("node {name:?}: node id {id} out of range"));
+                }
                 self.next_node_id = self.next_node_id.max(id + 1);
                 self.names.insert(name.to_string(), id);
                 self.nodes.insert(
@@ -329,6 +334,9 @@ impl StateMachine {
                 id
             }
         };
+        if self.nodes.get(&node).is_some_and(|r| r.last_generation >= u32::MAX as u64) {
+            return Outcome::Conflict(format!("node {name:?}: generations exhausted"));
+        }
         let mut dropped = 0;
         if let Some(old) = self.node_segment.get(&node).copied() {
             dropped = self.unmount(old, UnmountReason::Dead, fx).unwrap_or(0);
@@ -377,10 +385,10 @@ impl StateMachine {
         }
         let mut orphans = Vec::new();
         for (key, obj) in self.objects.iter_mut() {
-            let before = obj.replicas.len();
-            obj.replicas.retain(|r| r.segment != seg);
-            if obj.replicas.len() != before && obj.replicas.is_empty() {
-                orphans.push(key.clone());
+            let before = obj.replicas.pieces().len();
+            obj.replicas.retain_segments(|s| s != seg);
+            if obj.replicas.pieces().len() != before && obj.replicas.is_empty() {
+                orphans.push(key.to_string());
             }
         }
         // Recompute accounting for the objects that kept other replicas (their footprint shrank).
@@ -414,6 +422,9 @@ impl StateMachine {
         if let Err(why) = self.check_placement(key, size, replicas) {
             return Outcome::Conflict(why);
         }
+        let Some(compact) = Replicas::from_replicas(replicas) else {
+            return Outcome::Conflict(format!("commit of {key:?}: node id or generation out of range"));
+        };
         for r in replicas {
             let alloc = self.free.get_mut(&r.segment).expect("checked");
             for e in &r.extents {
@@ -428,13 +439,13 @@ impl StateMachine {
             size,
             checksum,
             version,
-            replicas: replicas.to_vec(),
+            replicas: compact,
             pin,
             expires_ms,
             access_s: 0,
         };
         self.index_object(key, &obj);
-        self.objects.insert(key.into(), obj);
+        self.objects.insert_new(key, obj);
         self.counters.committed_objects += 1;
         Outcome::Committed
     }
@@ -519,7 +530,7 @@ impl StateMachine {
     fn remove_object(&mut self, key: &str, fx: &mut Vec<Effect>) -> Option<Object> {
         let obj = self.objects.remove(key)?;
         self.unindex_object(key, &obj);
-        for r in &obj.replicas {
+        for r in &obj.replicas.to_vec() {
             if let Some(alloc) = self.free.get_mut(&r.segment) {
                 for e in &r.extents {
                     let ok = alloc.free(e);
@@ -575,15 +586,19 @@ impl StateMachine {
         }
         self.bytes_used = 0;
         self.hard_pinned_bytes = 0;
-        for obj in self.objects.values() {
+        for (_, obj) in self.objects.iter() {
             self.bytes_used += replicas_bytes(obj);
             if obj.pin == Pin::Hard {
                 self.hard_pinned_bytes += obj.footprint();
             }
-            for r in &obj.replicas {
-                if let Some(s) = self.segments.get_mut(&r.segment) {
-                    s.used += r.bytes();
+            for seg in obj.replicas.segments() {
+                if let Some(s) = self.segments.get_mut(&seg) {
                     s.objects += 1;
+                }
+            }
+            for p in obj.replicas.pieces() {
+                if let Some(s) = self.segments.get_mut(&p.segment()) {
+                    s.used += p.len;
                 }
             }
         }
@@ -604,8 +619,8 @@ impl StateMachine {
             meta_entries: self.meta.len() as u64,
         };
         bincode::serialize_into(&mut *w, &header).map_err(to_io)?;
-        for (k, o) in &self.objects {
-            bincode::serialize_into(&mut *w, &(&**k, o)).map_err(to_io)?;
+        for (k, o) in self.objects.iter() {
+            bincode::serialize_into(&mut *w, &(k, o)).map_err(to_io)?;
         }
         for kv in &self.meta {
             bincode::serialize_into(&mut *w, &kv).map_err(to_io)?;
@@ -648,23 +663,22 @@ impl StateMachine {
         }
         for _ in 0..h.objects {
             let (k, o): (String, Object) = bincode::deserialize_from(&mut *r).map_err(to_io)?;
-            for rep in &o.replicas {
-                let alloc = sm.free.get_mut(&rep.segment).ok_or_else(|| {
-                    invalid(format!(
-                        "snapshot object {k:?} is on unmounted segment {}",
-                        rep.segment
-                    ))
+            for p in o.replicas.pieces() {
+                let seg = p.segment();
+                let alloc = sm.free.get_mut(&seg).ok_or_else(|| {
+                    invalid(format!("snapshot object {k:?} is on unmounted segment {seg}"))
                 })?;
-                for e in &rep.extents {
-                    if !alloc.take(e) {
-                        return Err(invalid(format!(
-                            "snapshot object {k:?} overlaps another at {e:?}"
-                        )));
-                    }
+                if !alloc.take(&p.extent()) {
+                    return Err(invalid(format!(
+                        "snapshot object {k:?} overlaps another at {:?}",
+                        p.extent()
+                    )));
                 }
             }
             sm.index_object(&k, &o);
-            sm.objects.insert(k.into(), o);
+            if !sm.objects.insert_new(&k, o) {
+                return Err(invalid(format!("snapshot names key {k:?} twice")));
+            }
         }
         for _ in 0..h.meta_entries {
             let (k, v): (String, Vec<u8>) = bincode::deserialize_from(&mut *r).map_err(to_io)?;
@@ -684,7 +698,7 @@ impl StateMachine {
 }
 
 fn replicas_bytes(obj: &Object) -> u64 {
-    obj.replicas.iter().map(Replica::bytes).sum()
+    obj.replicas.bytes()
 }
 
 fn to_io(e: bincode::Error) -> std::io::Error {

@@ -98,7 +98,7 @@ fn restore(sm: &StateMachine) -> StateMachine {
 fn check_no_overlap_in_sm(sm: &StateMachine) -> Result<(), TestCaseError> {
     let mut by_seg: BTreeMap<SegmentId, Vec<Extent>> = BTreeMap::new();
     for (_, o) in sm.objects() {
-        for r in &o.replicas {
+        for r in &o.replicas.to_vec() {
             by_seg
                 .entry(r.segment)
                 .or_default()
@@ -390,7 +390,7 @@ impl Sim {
         };
         let mut by_seg: BTreeMap<SegmentId, Vec<(Extent, String)>> = BTreeMap::new();
         for (k, o) in sm.objects() {
-            for r in &o.replicas {
+            for r in &o.replicas.to_vec() {
                 for e in &r.extents {
                     by_seg
                         .entry(r.segment)
@@ -580,7 +580,7 @@ fn unmounting_a_dead_node_drops_its_replicas_and_counts_orphans() {
     );
     assert_eq!(out, Outcome::Unmounted { dropped: 1 });
     assert!(!sm.contains("one"));
-    assert_eq!(sm.object("two").unwrap().replicas.len(), 1);
+    assert_eq!(sm.object("two").unwrap().replicas.count(), 1);
     assert_eq!(sm.counters().dead_node_dropped_objects, 1);
     // Remounting node a gets generation 2; commits naming generation 1 are refused.
     let out = sm.apply(

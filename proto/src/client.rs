@@ -23,6 +23,9 @@ use crate::metad::*;
 /// A generated stub with the token interceptor.
 pub type MetadStub = Stub<InterceptedService<Channel, TokenInterceptor>>;
 
+/// Longest pause between two attempts: a new leader is found within this of its election.
+pub const MAX_BACKOFF: Duration = Duration::from_millis(100);
+
 /// Largest gRPC message the client accepts (batch replies of many placements).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -241,7 +244,7 @@ impl MetadClient {
                 });
             }
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(500));
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 

@@ -34,6 +34,9 @@ struct Opts {
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// Extra argument passed to every replica (repeatable), e.g. `--metad-arg=--sled-cache=16MiB`.
+    #[arg(long = "metad-arg", allow_hyphen_values = true)]
+    metad_args: Vec<String>,
 }
 
 struct Replica {
@@ -53,13 +56,14 @@ fn metad_binary() -> PathBuf {
     me.parent().expect("exe dir").join("regolith-metad")
 }
 
-fn spawn(r: &mut Replica, peers: &str, log_dir: &Path) {
+fn spawn(r: &mut Replica, peers: &str, log_dir: &Path, extra: &[String]) {
     let log = std::fs::File::create(log_dir.join(format!("metad-{}.log", r.id))).expect("log file");
     let child = Command::new(metad_binary())
         .args(["--id", &r.id.to_string(), "--listen", &r.grpc, "--advertise", &r.grpc])
         .args(["--metrics-addr", &r.http, "--peers", peers, "--bootstrap"])
         .arg("--data-dir")
         .arg(&r.dir)
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -189,7 +193,7 @@ fn main() {
         .collect();
     let peers = replicas.iter().map(|r| format!("{}={}", r.id, r.grpc)).collect::<Vec<_>>().join(",");
     for r in replicas.iter_mut() {
-        spawn(r, &peers, &base);
+        spawn(r, &peers, &base, &opts.metad_args);
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let mut cfg = ClientConfig::new(replicas.iter().map(|r| r.grpc.clone()).collect());
@@ -222,7 +226,10 @@ fn main() {
         eprintln!("commits/s, 64 writers...");
         let c64 = commit_rate(&client, m.node_id, 64, opts.seconds, "w64").await;
         eprintln!("exists / get latency...");
-        let keys: Vec<String> = (0..1000).map(|i| format!("w1-0-{i}")).collect();
+        let keys: Vec<String> = (0..1000).map(|i| format!("lat-{i}")).collect();
+        for k in &keys {
+            assert!(put(&client, k.clone(), m.node_id).await, "put {k}");
+        }
         let (ex50, ex99) = latencies(opts.samples, |i| {
             let (c, k) = (client.clone(), keys[i % keys.len()].clone());
             async move { c.exists(&k).await.is_ok() }
@@ -243,7 +250,9 @@ fn main() {
         }
         for r in &replicas {
             if let Some(c) = &r.child {
-                rss.push(rss_kib(c.id()));
+                let (now, peak) = rss_kib(c.id());
+                eprintln!("  replica {}: RSS {} MiB, peak {} MiB", r.id, now / 1024, peak / 1024);
+                rss.push((now, peak));
             }
         }
         eprintln!("failover: kill -9 of the leader...");

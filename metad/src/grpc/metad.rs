@@ -697,7 +697,7 @@ impl Metad for MetadService {
                 .map(|(k, o)| pb::KeyInfo {
                     key: k.to_string(),
                     size: o.size,
-                    replicas: o.replicas.len() as u32,
+                    replicas: o.replicas.count() as u32,
                     pin: match o.pin {
                         crate::types::Pin::None => pb::PinKind::PinNone as i32,
                         crate::types::Pin::Soft { .. } => pb::PinKind::PinSoft as i32,

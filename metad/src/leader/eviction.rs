@@ -1,12 +1,13 @@
 //! Approximate-LRU eviction (design §6).
 //!
-//! Candidates are scanned from a rotating cursor over the key space (so one pass costs a bounded
+//! Candidates are scanned from a rotating cursor over the objects (so one pass costs a bounded
 //! amount however many objects there are), then the oldest by leader-memory access time are
 //! chosen, unpinned before soft-pinned. Leased, hard-pinned and already-proposed objects are never
 //! chosen.
 
 use std::collections::HashSet;
 
+use crate::objects::Cursor;
 use crate::state::StateMachine;
 use crate::types::{Object, Pin};
 
@@ -17,37 +18,31 @@ pub struct Plan {
     pub keys: Vec<String>,
     pub bytes: u64,
     /// Where the next pass starts.
-    pub cursor: String,
+    pub cursor: Cursor,
 }
 
 /// Picks victims freeing at least `need` bytes, if it can. `skip(key, obj)` excludes objects
 /// (leased ones, for instance).
 pub fn plan(
     sm: &StateMachine,
-    cursor: &str,
+    cursor: Cursor,
     need: u64,
     pending: &HashSet<String>,
     mut skip: impl FnMut(&str, &Object) -> bool,
 ) -> Plan {
     let n = sm.key_count();
-    let avg = (sm.bytes_used() / n.max(1) as u64).max(1);
+    if n == 0 {
+        return Plan { keys: Vec::new(), bytes: 0, cursor };
+    }
+    let avg = (sm.bytes_used() / n as u64).max(1);
     let scan = (MIN_SCAN.max(4 * (need / avg) as usize)).min(n);
+    let (seen, next) = sm.scan_objects(cursor, scan);
     let mut cands: Vec<(bool, u32, &str, u64)> = Vec::with_capacity(scan);
-    let mut last = cursor.to_string();
-    let wrapped = sm
-        .objects_from(cursor)
-        .chain(sm.objects().take_while(|(k, _)| *k < cursor));
-    for (k, o) in wrapped.take(scan) {
-        last = k.to_string();
+    for (k, o) in seen {
         if o.pin == Pin::Hard || pending.contains(k) || skip(k, o) {
             continue;
         }
-        cands.push((
-            matches!(o.pin, Pin::Soft { .. }),
-            o.access_s,
-            k,
-            o.footprint(),
-        ));
+        cands.push((matches!(o.pin, Pin::Soft { .. }), o.access_s, k, o.footprint()));
     }
     cands.sort_by_key(|(soft, access, _, _)| (*soft, *access));
     let mut keys = Vec::new();
@@ -59,12 +54,5 @@ pub fn plan(
         keys.push(k.to_string());
         bytes += b;
     }
-    // Start the next pass just after the last key looked at.
-    let mut next = last;
-    next.push('\0');
-    Plan {
-        keys,
-        bytes,
-        cursor: next,
-    }
+    Plan { keys, bytes, cursor: next }
 }

@@ -113,7 +113,7 @@ pub struct Leader {
     res: Reservations,
     leases: Leases,
     live: Liveness,
-    evict_cursor: String,
+    evict_cursor: crate::objects::Cursor,
     /// Keys in an `Evict` proposal not yet applied, and when it was made.
     evicting: HashSet<String>,
     evict_proposed_ms: u64,
@@ -137,7 +137,7 @@ impl Leader {
             res: Reservations::default(),
             leases: Leases::default(),
             live: Liveness::start(now.mono_ms),
-            evict_cursor: String::new(),
+            evict_cursor: Default::default(),
             evicting: HashSet::new(),
             evict_proposed_ms: 0,
             expire_proposed_ms: None,
@@ -429,7 +429,7 @@ impl Leader {
                 let obj = obj.clone();
                 self.leases.grant(obj.version, until);
                 let mut replicas: Vec<PlacedReplica> =
-                    obj.replicas.iter().map(|r| placed_replica(sm, r)).collect();
+                    obj.replicas.to_vec().iter().map(|r| placed_replica(sm, r)).collect();
                 // The requester's own replica first, then the ones heard from most recently.
                 replicas.sort_by_key(|r| {
                     (
@@ -601,7 +601,7 @@ impl Leader {
         }
         let leases = &self.leases;
         let now_ms = now.mono_ms;
-        let p = eviction::plan(sm, &self.evict_cursor, need, &self.evicting, |_, o| {
+        let p = eviction::plan(sm, self.evict_cursor, need, &self.evicting, |_, o| {
             leases.active(&o.version, now_ms)
         });
         self.evict_cursor = p.cursor;

@@ -10,9 +10,12 @@
 //! Reservations of earlier leaders that sidecars report in their first heartbeat to this leader
 //! are adopted as quarantined holds.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::types::{Extent, Pin, Replica, SegmentId, Version};
+
+/// How many recently committed versions are remembered for idempotent re-sent commits.
+pub const RECENT_COMMITS: usize = 65_536;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum ResState {
@@ -49,9 +52,11 @@ pub struct Reservations {
     by_version: HashMap<Version, Reservation>,
     by_key: HashMap<String, Version>,
     next_id: u64,
-    /// Recently committed versions → monotonic time they may be forgotten: a commit re-sent to
-    /// the same leader (its reply was lost) is answered OK again.
-    recent_commits: BTreeMap<Version, u64>,
+    /// Recently committed versions, oldest first, with the monotonic time they may be
+    /// forgotten: a commit re-sent to the same leader (its reply was lost) is answered OK again.
+    /// Bounded by [`RECENT_COMMITS`] so a burst of puts cannot grow it without limit.
+    recent_commits: VecDeque<(Version, u64)>,
+    recent_set: HashSet<Version>,
 }
 
 impl Reservations {
@@ -176,15 +181,25 @@ impl Reservations {
     }
 
     pub fn remember_commit(&mut self, v: Version, forget_at_ms: u64) {
-        self.recent_commits.insert(v, forget_at_ms);
+        if self.recent_commits.len() >= RECENT_COMMITS {
+            if let Some((old, _)) = self.recent_commits.pop_front() {
+                self.recent_set.remove(&old);
+            }
+        }
+        self.recent_commits.push_back((v, forget_at_ms));
+        self.recent_set.insert(v);
     }
 
     pub fn recently_committed(&self, v: &Version) -> bool {
-        self.recent_commits.contains_key(v)
+        self.recent_set.contains(v)
     }
 
     pub fn forget_old_commits(&mut self, now_ms: u64) {
-        self.recent_commits.retain(|_, t| *t > now_ms);
+        while self.recent_commits.front().is_some_and(|(_, t)| *t <= now_ms) {
+            if let Some((old, _)) = self.recent_commits.pop_front() {
+                self.recent_set.remove(&old);
+            }
+        }
     }
 
     /// Quarantined reservations holding extents on `seg`.
