@@ -241,26 +241,23 @@ impl Cluster {
     fn args(&self, r: &Replica, peers: Option<&str>) -> Vec<String> {
         let ip = r.host.addr();
         let mut a = self.launch.prefix_args.clone();
-        a.extend(
-            [
-                "--id".into(),
-                r.id.to_string(),
-                "--listen".into(),
-                r.grpc(),
-                "--advertise".into(),
-                r.grpc(),
-                "--data-dir".into(),
-                r.data_dir.display().to_string(),
-                "--metrics-addr".into(),
-                r.http(),
-                "--cluster-token-file".into(),
-                self.token_file.display().to_string(),
-                "--enable-http-metadata-server".into(),
-                "--http-metadata-addr".into(),
-                format!("{ip}:{KV_PORT}"),
-            ]
-            .into_iter(),
-        );
+        a.extend([
+            "--id".into(),
+            r.id.to_string(),
+            "--listen".into(),
+            r.grpc(),
+            "--advertise".into(),
+            r.grpc(),
+            "--data-dir".into(),
+            r.data_dir.display().to_string(),
+            "--metrics-addr".into(),
+            r.http(),
+            "--cluster-token-file".into(),
+            self.token_file.display().to_string(),
+            "--enable-http-metadata-server".into(),
+            "--http-metadata-addr".into(),
+            format!("{ip}:{KV_PORT}"),
+        ]);
         if let Some(p) = peers {
             a.extend(["--peers".into(), p.to_string(), "--bootstrap".into()]);
         }

@@ -43,11 +43,14 @@ impl Default for MetadOnlyConfig {
     }
 }
 
+/// Extents of each reservation `(term, id)` in flight on one segment.
+type SegmentInFlight = HashMap<(u64, u64), Vec<pb::Extent>>;
+
 /// Reservations in flight on each segment, shared by every fake sidecar (in a real cluster
 /// the owner of a segment knows them from the slices it receives).
 #[derive(Default, Debug)]
 struct InFlight {
-    by_segment: Mutex<HashMap<ReplicaLoc, HashMap<(u64, u64), Vec<pb::Extent>>>>,
+    by_segment: Mutex<HashMap<ReplicaLoc, SegmentInFlight>>,
 }
 
 impl InFlight {
@@ -364,16 +367,13 @@ fn commit_error(e: &regolith_proto::Error) -> OpResult {
         // A deposed leader answers NOT_LEADER also for a proposal it had already appended,
         // which a new leader may still commit: the fate is unknown.
         E::NotLeader { .. } => OpResult::Indeterminate(format!("commit: {e}")),
-        E::Rpc { code, .. }
-            if matches!(
-                code,
+        E::Rpc {
+            code:
                 tonic::Code::Unauthenticated
-                    | tonic::Code::InvalidArgument
-                    | tonic::Code::PermissionDenied
-            ) =>
-        {
-            OpResult::Fail(format!("commit refused: {e}"))
-        }
+                | tonic::Code::InvalidArgument
+                | tonic::Code::PermissionDenied,
+            ..
+        } => OpResult::Fail(format!("commit refused: {e}")),
         E::BadAddress { .. } | E::Config(_) => OpResult::Fail(format!("commit not sent: {e}")),
         _ => OpResult::Indeterminate(format!("commit: {e}")),
     }
@@ -482,12 +482,12 @@ impl MetadOnlyClient {
                     last = format!("{addr}: not leader");
                     target = leader.map(|h| h.addr);
                 }
-                Err(e @ regolith_proto::Error::Rpc { code, .. })
-                    if matches!(
-                        code,
-                        tonic::Code::Unauthenticated | tonic::Code::InvalidArgument
-                    ) =>
-                {
+                Err(
+                    e @ regolith_proto::Error::Rpc {
+                        code: tonic::Code::Unauthenticated | tonic::Code::InvalidArgument,
+                        ..
+                    },
+                ) => {
                     return if maybe_done {
                         OpResult::Indeterminate(format!("remove: {e} after {last}"))
                     } else {
