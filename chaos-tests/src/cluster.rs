@@ -42,12 +42,15 @@ impl MetadLaunch {
     }
 }
 
-/// Timings that make faults bite within seconds: a node silent for 3 s is declared dead (so a
-/// 4 s host cut-off drops its segment), reservations expire after 5 s, elections take ~1 s.
+/// The node TTL of chaos runs ([`chaos_flags`]).
+pub const NODE_TTL: Duration = Duration::from_secs(4);
+
+/// Timings that make faults bite within seconds: a node silent for 4 s is declared dead (so a
+/// longer host cut-off drops its segment), reservations expire after 5 s, elections take ~1 s.
 pub fn chaos_flags() -> Vec<String> {
     [
         "--node-ttl",
-        "3s",
+        "4s",
         "--put-timeout",
         "5s",
         "--heartbeat-interval",

@@ -114,7 +114,12 @@ impl Drop for InFlightGuard<'_> {
 /// One host's fake sidecar.
 struct FakeSidecar {
     name: String,
+    /// For the clients' operations.
     client: MetadClient,
+    /// For mount and heartbeats: short attempts, so that after a leader change a heartbeat
+    /// reaches the new leader well within the node TTL (as the real sidecar's 1 s cadence
+    /// with capped back-off does).
+    control: MetadClient,
     data_addrs: Vec<String>,
     capacity: u64,
     segment: Mutex<Option<ReplicaLoc>>,
@@ -136,7 +141,7 @@ impl FakeSidecar {
     async fn mount(&self) -> Result<ReplicaLoc> {
         let old = self.segment();
         let r = self
-            .client
+            .control
             .mount(pb::MountSegmentRequest {
                 node_name: self.name.clone(),
                 node_id: old.map(|s| s.node).unwrap_or(0),
@@ -182,7 +187,7 @@ impl FakeSidecar {
             released: released.clone(),
             used_bytes: 0,
         };
-        match self.client.heartbeat(req).await {
+        match self.control.heartbeat(req).await {
             Ok((resp, _)) => self.on_heartbeat_reply(seg, resp),
             Err(e) => {
                 // Not delivered (or the reply lost): report the releases again next time.
@@ -250,6 +255,15 @@ fn client_config(ctx: &HostCtx) -> ClientConfig {
     cfg
 }
 
+/// Heartbeat settings: a dead leader costs well under a second per attempt.
+fn control_config(ctx: &HostCtx) -> ClientConfig {
+    let mut cfg = client_config(ctx);
+    cfg.connect_timeout = Duration::from_millis(400);
+    cfg.request_timeout = Duration::from_millis(800);
+    cfg.retry_deadline = Duration::from_millis(2500);
+    cfg
+}
+
 impl Workload for MetadOnly {
     type Client = MetadOnlyClient;
 
@@ -261,6 +275,7 @@ impl Workload for MetadOnly {
         let sc = Arc::new(FakeSidecar {
             name: ctx.host.name.clone(),
             client: MetadClient::new(client_config(&ctx))?,
+            control: MetadClient::new(control_config(&ctx))?,
             data_addrs: ctx
                 .host
                 .nics

@@ -24,6 +24,10 @@ use crate::error::{Error, Result};
 /// Prefix of every name a chaos run creates.
 pub const PREFIX: &str = "rgc";
 
+/// When set, a run keeps its directory (metad logs and data, nft scripts) for inspection;
+/// namespaces and processes are removed all the same.
+pub const KEEP_ENV: &str = "REGOLITH_CHAOS_KEEP";
+
 /// Subnet of NIC `i` (`10.77.i.0/24`); the bridge namespace holds `.254` on each, which is
 /// where the observer (status sampler, admin calls) lives.
 pub fn subnet_addr(nic: u8, host: u8) -> Ipv4Addr {
@@ -210,8 +214,11 @@ pub fn sweep_stale() -> Result<Vec<String>> {
         if let Some(pid) = owner_pid(&ns) {
             if !pid_alive(pid) {
                 tracing::warn!(%ns, pid, "removing a namespace left by a dead chaos run");
-                destroy_netns(&ns)?;
-                removed.push(ns);
+                // Another run may be sweeping the same leftovers at once: not fatal.
+                match destroy_netns(&ns) {
+                    Ok(()) => removed.push(ns),
+                    Err(e) => tracing::warn!(%ns, error = %e, "could not remove leftover"),
+                }
             }
         }
     }
@@ -489,7 +496,11 @@ impl Topology {
                 tracing::warn!(%ns, error = %e, "could not delete namespace");
             }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::env::var_os(KEEP_ENV).is_some() {
+            eprintln!("regolith-chaos: kept run directory {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
         unregister_live(&self.run_id);
     }
 }

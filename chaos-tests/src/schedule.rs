@@ -17,11 +17,11 @@ pub struct Step {
 }
 
 /// How long a fault is held by default. Pauses must outlast the election timeout, a host
-/// cut-off the node TTL (3 s in [`crate::cluster::chaos_flags`]) so that metad declares it dead.
+/// cut-off the node TTL ([`crate::cluster::NODE_TTL`]) so that metad declares it dead.
 pub fn default_hold(fault: &Fault) -> Duration {
     match fault {
         Fault::PauseLeader => Duration::from_millis(2500),
-        Fault::HostCutoff { .. } => Duration::from_millis(4500),
+        Fault::HostCutoff { .. } => crate::cluster::NODE_TTL + Duration::from_millis(1500),
         Fault::RestartAll => Duration::from_millis(1500),
         Fault::MembershipChange => Duration::from_millis(2000),
         Fault::KillLeader | Fault::SidecarCrash { .. } => Duration::from_millis(2000),

@@ -35,6 +35,10 @@ struct Args {
     /// Clients per sidecar host.
     #[arg(long, default_value_t = 2)]
     clients: usize,
+    /// Only faults whose name starts with one of these (comma-separated), e.g.
+    /// `pause-leader,split`.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// metad binary to run (default: this binary's `metad` subcommand).
     #[arg(long)]
     metad_bin: Option<std::path::PathBuf>,
@@ -79,15 +83,19 @@ fn main() -> ExitCode {
     cfg.workload.keys = args.keys;
     cfg.workload.clients_per_host = args.clients;
     let workload = MetadOnly::new(MetadOnlyConfig::default());
+    let only = args.only.clone();
+    let wanted = move |s: &schedule::Step| {
+        only.is_empty() || only.iter().any(|p| s.fault.name().starts_with(p.as_str()))
+    };
     let result = if args.quick {
-        run_profile(cfg, workload, schedule::quick(args.seed, false), None)
+        let steps: Vec<_> = schedule::quick(args.seed, false)
+            .into_iter()
+            .filter(wanted)
+            .collect();
+        run_profile(cfg, workload, steps, None)
     } else {
-        run_profile(
-            cfg,
-            workload,
-            schedule::long(args.seed, false),
-            Some(args.duration),
-        )
+        let steps = schedule::long(args.seed, false).filter(wanted);
+        run_profile(cfg, workload, steps, Some(args.duration))
     };
     match result {
         Ok(outcome) => {
