@@ -19,6 +19,9 @@
 //!   that completed before a remove that completed before the get began;
 //!   [`AnomalyKind::DoubleAcknowledgedPut`] — two puts of one key both acknowledged with no
 //!   remove that could separate them (a second put must answer already-exists).
+//! * (e) [`AnomalyKind::OverlappingExtents`] — two acknowledged objects whose extents share a
+//!   byte of one segment while neither could have been removed (invariant 2), when the client
+//!   knows placements and metad evicted nothing.
 //! * (c) [`AnomalyKind::TwoLeadersInTerm`] — from the `/status` samples: two nodes claimed (or
 //!   were named) leader of the same term.
 //! * (d) [`AnomalyKind::NoRecovery`] — after a fault healed, no put and get both succeeded
@@ -65,6 +68,7 @@ pub enum AnomalyKind {
     WrongRead,
     ReadAfterRemove,
     DoubleAcknowledgedPut,
+    OverlappingExtents,
     LossesExceedCounters,
     TwoLeadersInTerm,
     NoRecovery,
@@ -236,6 +240,9 @@ pub fn check(input: &CheckInput<'_>) -> Report {
     for (key, key_ops) in &by_key {
         check_key(&ctx, key, key_ops, &mut anomalies, &mut excused);
     }
+    if input.counters.evicted_objects == 0 {
+        check_overlaps(ops, &by_key, &mut anomalies);
+    }
     let budget = input.counters.evicted_objects + input.counters.dead_node_dropped_objects;
     if excused.len() as u64 > budget {
         anomalies.push(Anomaly {
@@ -285,7 +292,7 @@ impl DataCtx<'_> {
                 self.counters.evicted_objects
             ));
         }
-        let OpResult::Ok(Reply::Stored { replicas }) = &put.result else {
+        let OpResult::Ok(Reply::Stored { replicas, .. }) = &put.result else {
             return None;
         };
         if replicas.is_empty() {
@@ -579,6 +586,89 @@ fn check_double_puts(
     }
 }
 
+// ---------------------------------------------------------------------------- extents
+
+/// One replica's extent of an acknowledged put.
+struct Placed<'a> {
+    loc: ReplicaLoc,
+    start: u64,
+    end: u64,
+    op: &'a Op,
+}
+
+/// (e): extents of two objects that were both alive at one time never overlap.
+fn check_overlaps(ops: &[Op], by_key: &BTreeMap<&str, Vec<&Op>>, anomalies: &mut Vec<Anomaly>) {
+    let removes: HashMap<&str, Vec<(u64, u64)>> = by_key
+        .iter()
+        .map(|(k, ops)| (*k, possible_removes(ops)))
+        .collect();
+    let mut placed: Vec<Placed<'_>> = Vec::new();
+    for op in ops.iter().filter(|o| is_acked_put(o)) {
+        let OpResult::Ok(Reply::Stored { replicas, extents }) = &op.result else {
+            continue;
+        };
+        for (loc, exts) in replicas.iter().zip(extents) {
+            for e in exts.iter().filter(|e| e.len > 0) {
+                placed.push(Placed {
+                    loc: *loc,
+                    start: e.offset,
+                    end: e.offset.saturating_add(e.len),
+                    op,
+                });
+            }
+        }
+    }
+    placed.sort_by_key(|p| (p.loc, p.start));
+    let mut reported = BTreeSet::new();
+    for (i, a) in placed.iter().enumerate() {
+        for b in placed[i + 1..]
+            .iter()
+            .take_while(|b| b.loc == a.loc && b.start < a.end)
+        {
+            if a.op.id == b.op.id || !reported.insert((a.op.id.min(b.op.id), a.op.id.max(b.op.id)))
+            {
+                continue;
+            }
+            // Both alive at the later commit unless one of them may have been removed since
+            // its own put began.
+            let hi = a.op.complete_us.max(b.op.complete_us);
+            let removable = |p: &Placed<'_>| {
+                removes
+                    .get(p.op.key.as_str())
+                    .is_some_and(|r| remove_possible_within(r, p.op.invoke_us, hi))
+            };
+            if removable(a) || removable(b) {
+                continue;
+            }
+            let later = if a.op.complete_us >= b.op.complete_us {
+                a.op
+            } else {
+                b.op
+            };
+            anomalies.push(Anomaly {
+                kind: AnomalyKind::OverlappingExtents,
+                key: Some(later.key.clone()),
+                at_us: later.invoke_us,
+                message: format!(
+                    "segment n{}g{}: put #{} ({} bytes {}..{}) and put #{} ({} bytes {}..{}) \
+                     share bytes while both objects were live",
+                    a.loc.node,
+                    a.loc.generation,
+                    a.op.id,
+                    a.op.key,
+                    a.start,
+                    a.end,
+                    b.op.id,
+                    b.op.key,
+                    b.start,
+                    b.end
+                ),
+                ops: vec![a.op.id, b.op.id],
+            });
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------- leaders
 
 /// (c): at most one leader per term. Returns (terms seen, claims).
@@ -801,6 +891,8 @@ mod tests {
                     node,
                     generation: 1,
                 }],
+
+                extents: vec![],
             })
         }
         fn get(&mut self, p: u32, key: &str, t: (u64, u64), result: OpResult) -> usize {
@@ -1018,6 +1110,35 @@ mod tests {
         // metad must have counted it.
         let r = h.check();
         assert_eq!(kinds(&r), vec![AnomalyKind::LossesExceedCounters]);
+    }
+
+    #[test]
+    fn overlapping_extents_of_live_objects_are_caught() {
+        let placed = |offset| {
+            OpResult::Ok(Reply::Stored {
+                replicas: vec![ReplicaLoc {
+                    node: 1,
+                    generation: 1,
+                }],
+                extents: vec![vec![crate::history::Extent { offset, len: 100 }]],
+            })
+        };
+        let mut h = H::default();
+        h.put(1, "a", 1, (0, 10), placed(0));
+        h.put(2, "b", 2, (20, 30), placed(50));
+        h.put(2, "c", 3, (20, 30), placed(150));
+        let r = h.check();
+        assert_eq!(kinds(&r), vec![AnomalyKind::OverlappingExtents], "{r}");
+        assert!(r.anomalies[0].message.contains("0..100"));
+        // Reuse after a remove is fine.
+        h.op(
+            3,
+            "a",
+            OpKind::Remove,
+            (12, 15),
+            OpResult::Ok(Reply::Removed(true)),
+        );
+        assert!(h.check().passed());
     }
 
     #[test]

@@ -30,12 +30,23 @@ pub struct ReplicaLoc {
     pub generation: u64,
 }
 
+/// A byte range of a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: u64,
+}
+
 /// A definite answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
-    /// Put: stored. `replicas` is where, when the client knows it (empty when it does not).
+    /// Put: stored. `replicas` is where, when the client knows it (empty when it does not);
+    /// `extents[i]`, when known, are the byte ranges of `replicas[i]` (invariant 2 is checked
+    /// on them).
     Stored {
         replicas: Vec<ReplicaLoc>,
+        #[serde(default)]
+        extents: Vec<Vec<Extent>>,
     },
     /// Put: the key already exists (or is being written); nothing was written.
     AlreadyExists,
@@ -113,7 +124,13 @@ impl std::fmt::Display for Op {
             OpKind::Remove => "remove".into(),
         };
         let result = match &self.result {
-            OpResult::Ok(Reply::Stored { replicas }) => format!("ok stored {replicas:?}"),
+            OpResult::Ok(Reply::Stored { replicas, .. }) => {
+                let at: Vec<String> = replicas
+                    .iter()
+                    .map(|r| format!("n{}g{}", r.node, r.generation))
+                    .collect();
+                format!("ok stored on [{}]", at.join(" "))
+            }
             OpResult::Ok(Reply::Found { write_id }) => format!("ok found w{write_id}"),
             OpResult::Ok(r) => format!("ok {r:?}"),
             OpResult::Fail(e) => format!("FAIL {e}"),

@@ -17,7 +17,7 @@ use regolith_proto::client::{ClientConfig, MetadClient};
 use regolith_proto::metad as pb;
 
 use crate::error::{Error, Result};
-use crate::history::{EventKind, History, OpResult, ReplicaLoc, Reply};
+use crate::history::{EventKind, Extent, History, OpResult, ReplicaLoc, Reply};
 use crate::value;
 use crate::workload::{HostCtx, Workload, WorkloadClient};
 
@@ -354,11 +354,15 @@ fn code_name(code: i32) -> String {
 }
 
 /// Classifies a commit's per-item status.
-fn commit_outcome(status: Option<pb::Status>, replicas: Vec<ReplicaLoc>) -> OpResult {
+fn commit_outcome(
+    status: Option<pb::Status>,
+    replicas: Vec<ReplicaLoc>,
+    extents: Vec<Vec<Extent>>,
+) -> OpResult {
     let st = status.unwrap_or_default();
     let why = || format!("commit: {} {}", code_name(st.code), st.message);
     match pb::Code::try_from(st.code) {
-        Ok(pb::Code::Ok) => OpResult::Ok(Reply::Stored { replicas }),
+        Ok(pb::Code::Ok) => OpResult::Ok(Reply::Stored { replicas, extents }),
         Ok(pb::Code::AlreadyExists) => OpResult::Ok(Reply::AlreadyExists),
         // metad's contract: these are decided before or at apply; nothing was written.
         Ok(
@@ -449,12 +453,25 @@ impl MetadOnlyClient {
                 generation: r.generation,
             })
             .collect();
+        let extents: Vec<Vec<Extent>> = res
+            .replicas
+            .iter()
+            .map(|r| {
+                r.extents
+                    .iter()
+                    .map(|e| Extent {
+                        offset: e.offset,
+                        len: e.len,
+                    })
+                    .collect()
+            })
+            .collect();
         let commit = pb::CommitRequest {
             version: Some(version),
             checksum: value::tag(key, write_id),
         };
         match self.sc.client.commit_at(&leader_addr, commit).await {
-            Ok(cr) => commit_outcome(cr.status, locs),
+            Ok(cr) => commit_outcome(cr.status, locs, extents),
             Err(e) => commit_error(&e),
         }
     }
@@ -577,19 +594,19 @@ mod tests {
             })
         };
         assert!(matches!(
-            commit_outcome(st(pb::Code::Ok), vec![]),
+            commit_outcome(st(pb::Code::Ok), vec![], vec![]),
             OpResult::Ok(Reply::Stored { .. })
         ));
         assert!(matches!(
-            commit_outcome(None, vec![]),
+            commit_outcome(None, vec![], vec![]),
             OpResult::Ok(Reply::Stored { .. })
         ));
         assert!(matches!(
-            commit_outcome(st(pb::Code::Expired), vec![]),
+            commit_outcome(st(pb::Code::Expired), vec![], vec![]),
             OpResult::Fail(_)
         ));
         assert!(matches!(
-            commit_outcome(st(pb::Code::Internal), vec![]),
+            commit_outcome(st(pb::Code::Internal), vec![], vec![]),
             OpResult::Indeterminate(_)
         ));
         let not_leader = regolith_proto::Error::NotLeader {
