@@ -115,6 +115,11 @@ pub struct Report {
     pub anomalies: Vec<Anomaly>,
     /// Acknowledged puts found lost but excused by a segment drop or eviction.
     pub excused_losses: usize,
+    /// Indeterminate puts, and how many of them a later get showed did take effect (the
+    /// metad-only workload's commits answered NOT_LEADER or timed out).
+    pub indeterminate_puts: usize,
+    pub indeterminate_puts_seen: usize,
+    pub indeterminate_seen_examples: Vec<String>,
     pub counters: Counters,
     /// Terms seen in the samples, and how many samples claimed a leader.
     pub terms_seen: usize,
@@ -163,13 +168,18 @@ impl Report {
         let _ = writeln!(
             s,
             "leader claims: {} samples over {} terms; metad counters: evicted {}, \
-             dead-node dropped {}; excused losses {}",
+             dead-node dropped {}; excused losses {}; indeterminate puts {} (later read: {})",
             self.claims,
             self.terms_seen,
             self.counters.evicted_objects,
             self.counters.dead_node_dropped_objects,
-            self.excused_losses
+            self.excused_losses,
+            self.indeterminate_puts,
+            self.indeterminate_puts_seen
         );
+        for e in &self.indeterminate_seen_examples {
+            let _ = writeln!(s, "  indeterminate put that took effect: {e}");
+        }
         s
     }
 
@@ -264,10 +274,17 @@ pub fn check(input: &CheckInput<'_>) -> Report {
     anomalies.sort_by_key(|a| (a.at_us, a.kind));
     let key_histories = histories_of(&anomalies, &by_key);
     let rows = table_rows(ops, input.windows, &anomalies, &recoveries);
+    let (seen_count, seen_examples) = indeterminate_seen(ops, &by_write);
     Report {
         rows,
         anomalies,
         excused_losses: excused.len(),
+        indeterminate_puts: ops
+            .iter()
+            .filter(|o| o.write_id().is_some() && o.result.class() == ResultClass::Indeterminate)
+            .count(),
+        indeterminate_puts_seen: seen_count,
+        indeterminate_seen_examples: seen_examples,
         counters: input.counters,
         terms_seen,
         claims,
@@ -584,6 +601,31 @@ fn check_double_puts(
             });
         }
     }
+}
+
+/// Indeterminate puts whose value some get returned: how many, and a few of their reasons.
+fn indeterminate_seen(ops: &[Op], by_write: &HashMap<u64, &Op>) -> (usize, Vec<String>) {
+    let seen: BTreeSet<u64> = ops
+        .iter()
+        .filter_map(|o| match o.result {
+            OpResult::Ok(Reply::Found { write_id }) => Some(write_id),
+            _ => None,
+        })
+        .collect();
+    let puts: Vec<&&Op> = seen
+        .iter()
+        .filter_map(|w| by_write.get(w))
+        .filter(|p| p.result.class() == ResultClass::Indeterminate)
+        .collect();
+    let examples = puts
+        .iter()
+        .take(3)
+        .map(|p| match &p.result {
+            OpResult::Indeterminate(why) => format!("put #{}: {why}", p.id),
+            _ => String::new(),
+        })
+        .collect();
+    (puts.len(), examples)
 }
 
 // ---------------------------------------------------------------------------- extents

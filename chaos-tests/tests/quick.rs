@@ -326,3 +326,165 @@ fn metad_client_reaches_the_new_leader_when_the_old_one_is_partitioned() {
         "with metad {leader} partitioned, the call took {took:?} and returned {r:?}"
     );
 }
+
+/// A leader paused past the election timeout, resumed (cut off from the other replicas) with
+/// requests queued on its socket, must not answer them from its stale state: a key removed
+/// and a key written by the new leader meanwhile are never "found" and "not found" there
+/// (design section 5: the lease is measured at read time).
+#[test]
+fn a_resumed_deposed_leader_serves_no_stale_reads() {
+    use nix::sys::signal::Signal;
+    use regolith_proto::metad as pb;
+    init_logs();
+    let topo = Topology::build(&netns::standard_hosts()).unwrap();
+    let observer = Arc::new(NsRuntime::new(&topo.bridge_ns, 1).unwrap());
+    let mut cluster = Cluster::start(
+        &topo,
+        MetadLaunch::new(METAD),
+        observer.clone(),
+        History::new(),
+        3,
+    )
+    .unwrap();
+    let old = cluster.wait_leader(Duration::from_secs(20)).unwrap();
+    let old_addr = cluster.replica(old).unwrap().grpc();
+    let s1 = NsRuntime::new(&topo.host("s1").unwrap().ns, 2).unwrap();
+    let mut cfg = ClientConfig::new(cluster.metad_addrs());
+    cfg.token = Some(cluster.token().to_string());
+    cfg.request_timeout = Duration::from_secs(1);
+    cfg.retry_deadline = Duration::from_secs(10);
+    let client = MetadClient::new(cfg).unwrap();
+
+    // A segment, and "gone" stored through the old leader.
+    let c = client.clone();
+    let node = s1.run(async move {
+        let m = c
+            .mount(pb::MountSegmentRequest {
+                node_name: "s1".into(),
+                node_id: 0,
+                capacity: 1 << 30,
+                data_addrs: vec!["10.77.0.21:7600".into()],
+            })
+            .await
+            .unwrap();
+        put_until_stored(&c, m.node_id, m.generation, "gone").await;
+        (m.node_id, m.generation)
+    });
+
+    cluster.signal(old, Signal::SIGSTOP).unwrap();
+    let new = cluster.wait_leader(Duration::from_secs(15)).unwrap();
+    assert_ne!(new, old);
+    // Through the new leader: remove "gone", store "fresh".
+    let c = client.clone();
+    s1.run(async move {
+        put_until_stored(&c, node.0, node.1, "fresh").await;
+        let r = c.remove(vec!["gone".into()]).await.unwrap();
+        assert_eq!(r.codes, vec![pb::Code::Ok as i32]);
+    });
+
+    // Reads sent to the paused old leader, after the remove and the put completed, answered
+    // when it resumes.
+    // Each answer is Ok(true) when the old leader claimed the key exists, Ok(false) when it
+    // claimed it does not.
+    let queued: Vec<_> = ["gone", "fresh"]
+        .iter()
+        .flat_map(|k| [(*k, false), (*k, false), (*k, true), (*k, true)])
+        .map(|(key, exists)| {
+            let c = client.clone();
+            let addr = old_addr.clone();
+            s1.spawn(async move {
+                let mut stub = c.stub(&addr).unwrap();
+                let keys = vec![key.to_string()];
+                let fut = async {
+                    if exists {
+                        let r = stub.exists(pb::ExistsRequest { keys }).await?;
+                        Ok::<_, tonic::Status>(r.into_inner().exists.first().copied())
+                    } else {
+                        let req = pb::GetRequest {
+                            keys,
+                            requester_node_id: 0,
+                        };
+                        let code = stub
+                            .get(req)
+                            .await?
+                            .into_inner()
+                            .status
+                            .unwrap_or_default()
+                            .code;
+                        Ok(if code == pb::Code::Ok as i32 {
+                            Some(true)
+                        } else if code == pb::Code::NotFound as i32 {
+                            Some(false)
+                        } else {
+                            None
+                        })
+                    }
+                };
+                let r = tokio::time::timeout(Duration::from_secs(8), fut).await;
+                (key, if exists { "exists" } else { "get" }, r)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // It resumes cut off from the other replicas (clients still reach it), so only its own
+    // lease check can tell it that it may no longer answer.
+    let old_host = cluster.replica(old).unwrap().host.clone();
+    let peers: Vec<std::net::Ipv4Addr> = cluster
+        .member_ids()
+        .into_iter()
+        .filter(|id| *id != old)
+        .map(|id| cluster.replica(id).unwrap().host.addr())
+        .collect();
+    let cut = [Rule::DropFrom(peers.clone()), Rule::DropTo(peers)];
+    firewall::install(&old_host, &topo.dir, "peers", &cut).unwrap();
+    cluster.signal(old, Signal::SIGCONT).unwrap();
+    for q in queued {
+        let (key, op, r) = s1.handle().block_on(q).unwrap();
+        tracing::info!("old leader {old} answered {op} {key}: {r:?}");
+        let stale = match (key, &r) {
+            ("gone", Ok(Ok(Some(present)))) => *present,
+            ("fresh", Ok(Ok(Some(present)))) => !*present,
+            _ => false,
+        };
+        assert!(!stale, "deposed leader {old} answered {op} {key}: {r:?}");
+    }
+}
+
+/// Reserve + commit until acknowledged (heartbeating first: a new leader places nothing on a
+/// segment before its sidecar has heartbeated to it).
+async fn put_until_stored(c: &MetadClient, node: u64, generation: u64, key: &str) {
+    use regolith_proto::metad as pb;
+    for _ in 0..50 {
+        let _ = c
+            .heartbeat(pb::HeartbeatRequest {
+                node_id: node,
+                generation,
+                ..Default::default()
+            })
+            .await;
+        let req = pb::ReserveRequest {
+            key: key.into(),
+            size: 4096,
+            options: None,
+            requester_node_id: node,
+        };
+        if let Ok((r, addr)) = c.reserve(req).await {
+            if let Some(res) = r
+                .reservation
+                .filter(|_| r.status.unwrap_or_default().code == 0)
+            {
+                let commit = pb::CommitRequest {
+                    version: res.version,
+                    checksum: 1,
+                };
+                if let Ok(cr) = c.commit_at(&addr, commit).await {
+                    if cr.status.unwrap_or_default().code == 0 {
+                        return;
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("could not store {key}");
+}
