@@ -22,6 +22,9 @@
 //! * (e) [`AnomalyKind::OverlappingExtents`] — two acknowledged objects whose extents share a
 //!   byte of one segment while neither could have been removed (invariant 2), when the client
 //!   knows placements and metad evicted nothing.
+//! * (f) [`AnomalyKind::PrematureDeath`] — a leader declared a node dead less than a node TTL
+//!   after it acknowledged that node's heartbeat (in the same term): objects lost so are not
+//!   excused by a fault, they are metad's doing.
 //! * (c) [`AnomalyKind::TwoLeadersInTerm`] — from the `/status` samples: two nodes claimed (or
 //!   were named) leader of the same term.
 //! * (d) [`AnomalyKind::NoRecovery`] — after a fault healed, no put and get both succeeded
@@ -69,6 +72,7 @@ pub enum AnomalyKind {
     ReadAfterRemove,
     DoubleAcknowledgedPut,
     OverlappingExtents,
+    PrematureDeath,
     LossesExceedCounters,
     TwoLeadersInTerm,
     NoRecovery,
@@ -93,6 +97,8 @@ pub struct CheckInput<'a> {
     pub counters: Counters,
     /// Check (d)'s limit.
     pub recovery_limit: Duration,
+    /// metad's node TTL, for check (f); `None` skips it.
+    pub node_ttl: Option<Duration>,
 }
 
 /// One row of the summary table.
@@ -252,6 +258,9 @@ pub fn check(input: &CheckInput<'_>) -> Report {
     }
     if input.counters.evicted_objects == 0 {
         check_overlaps(ops, &by_key, &mut anomalies);
+    }
+    if let Some(ttl) = input.node_ttl {
+        check_deaths(input.recorded, ttl, &mut anomalies);
     }
     let budget = input.counters.evicted_objects + input.counters.dead_node_dropped_objects;
     if excused.len() as u64 > budget {
@@ -628,6 +637,42 @@ fn indeterminate_seen(ops: &[Op], by_write: &HashMap<u64, &Op>) -> (usize, Vec<S
     (puts.len(), examples)
 }
 
+// ---------------------------------------------------------------------------- liveness
+
+/// (f): no node declared dead within a node TTL of a heartbeat the same leader acknowledged.
+fn check_deaths(rec: &Recorded, ttl: Duration, anomalies: &mut Vec<Anomaly>) {
+    // The leader's clock and ours are the same machine's; its checks only run later, never
+    // earlier, than the TTL: a small margin absorbs rounding.
+    let limit = (ttl.as_micros() as u64).saturating_sub(100_000);
+    for e in &rec.events {
+        let EventKind::GenerationGone {
+            loc,
+            why,
+            heard_at_us: Some(heard),
+        } = &e.kind
+        else {
+            continue;
+        };
+        let silent = e.at_us.saturating_sub(*heard);
+        if silent < limit {
+            anomalies.push(Anomaly {
+                kind: AnomalyKind::PrematureDeath,
+                key: None,
+                at_us: e.at_us,
+                message: format!(
+                    "segment n{}g{} declared dead {:.3}s after a heartbeat the same leader \
+                     acknowledged (node TTL {:.1}s): {why}",
+                    loc.node,
+                    loc.generation,
+                    silent as f64 / 1e6,
+                    ttl.as_secs_f64()
+                ),
+                ops: vec![],
+            });
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------- extents
 
 /// One replica's extent of an acknowledged put.
@@ -953,6 +998,7 @@ mod tests {
                 windows: &[],
                 counters,
                 recovery_limit: Duration::from_secs(10),
+                node_ttl: Some(Duration::from_secs(4)),
             })
         }
     }
@@ -1140,6 +1186,7 @@ mod tests {
                     generation: 1,
                 },
                 why: "declared dead".into(),
+                heard_at_us: None,
             },
         });
         let counted = Counters {
@@ -1184,6 +1231,28 @@ mod tests {
     }
 
     #[test]
+    fn premature_death_is_caught() {
+        let gone = |at_us, heard| Event {
+            at_us,
+            kind: EventKind::GenerationGone {
+                loc: ReplicaLoc {
+                    node: 1,
+                    generation: 1,
+                },
+                why: "remount".into(),
+                heard_at_us: heard,
+            },
+        };
+        let mut h = H::default();
+        h.rec.events.push(gone(5_000_000, Some(4_000_000)));
+        h.rec.events.push(gone(9_000_000, Some(4_000_000)));
+        h.rec.events.push(gone(9_000_000, None));
+        let r = h.check();
+        assert_eq!(kinds(&r), vec![AnomalyKind::PrematureDeath], "{r}");
+        assert!(r.anomalies[0].message.contains("1.000s"));
+    }
+
+    #[test]
     fn two_leaders_in_one_term_are_caught() {
         let claim = |reporter, term, leader, self_report| LeaderClaim {
             at_us: 1000,
@@ -1225,6 +1294,7 @@ mod tests {
                 windows: &windows,
                 counters: Counters::default(),
                 recovery_limit: limit,
+                node_ttl: None,
             })
         };
         let r = report(Duration::from_secs(10));

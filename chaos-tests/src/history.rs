@@ -158,6 +158,11 @@ pub enum EventKind {
     GenerationGone {
         loc: ReplicaLoc,
         why: String,
+        /// When metad said so in a heartbeat reply: the time the last heartbeat of `loc`
+        /// that the same leader (same term) acknowledged was sent. A leader must not declare
+        /// a node dead within a node TTL of hearing it.
+        #[serde(default)]
+        heard_at_us: Option<u64>,
     },
     FaultInjected {
         fault: String,

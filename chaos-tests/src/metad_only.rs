@@ -111,6 +111,14 @@ impl Drop for InFlightGuard<'_> {
     }
 }
 
+/// A heartbeat acknowledged by the leader of `term`, sent at `sent_us`.
+#[derive(Clone, Copy, Debug)]
+struct Ack {
+    term: u64,
+    loc: ReplicaLoc,
+    sent_us: u64,
+}
+
 /// One host's fake sidecar.
 struct FakeSidecar {
     name: String,
@@ -127,6 +135,8 @@ struct FakeSidecar {
     /// Set by a restart: mount a new generation at the next heartbeat.
     remount: AtomicBool,
     highest_term: AtomicU64,
+    /// The last heartbeat a leader acknowledged without asking for a remount.
+    last_ack: Mutex<Option<Ack>>,
     released: Mutex<Vec<pb::Version>>,
     inflight: Arc<InFlight>,
     history: History,
@@ -157,6 +167,7 @@ impl FakeSidecar {
             self.history.event(EventKind::GenerationGone {
                 loc: old,
                 why: format!("{} mounted generation {}", self.name, new.generation),
+                heard_at_us: None,
             });
         }
         *self.segment.lock() = Some(new);
@@ -187,8 +198,10 @@ impl FakeSidecar {
             released: released.clone(),
             used_bytes: 0,
         };
+        // Taken before the call (which may retry): never later than the send that was heard.
+        let sent_us = self.history.now_us();
         match self.control.heartbeat(req).await {
-            Ok((resp, _)) => self.on_heartbeat_reply(seg, resp),
+            Ok((resp, _)) => self.on_heartbeat_reply(seg, resp, sent_us),
             Err(e) => {
                 // Not delivered (or the reply lost): report the releases again next time.
                 self.released.lock().extend(released);
@@ -197,16 +210,30 @@ impl FakeSidecar {
         }
     }
 
-    fn on_heartbeat_reply(&self, seg: ReplicaLoc, resp: pb::HeartbeatResponse) {
+    fn on_heartbeat_reply(&self, seg: ReplicaLoc, resp: pb::HeartbeatResponse, sent_us: u64) {
         self.highest_term.fetch_max(resp.term, Ordering::Relaxed);
+        let mut last_ack = self.last_ack.lock();
         if resp.remount {
+            let heard_at_us = last_ack
+                .filter(|a| a.term == resp.term && a.loc == seg)
+                .map(|a| a.sent_us);
             self.history.event(EventKind::GenerationGone {
                 loc: seg,
-                why: format!("heartbeat of {} answered remount", self.name),
+                why: format!(
+                    "heartbeat of {} answered remount (term {}, leader {})",
+                    self.name, resp.term, resp.leader_id
+                ),
+                heard_at_us,
             });
             self.remount.store(true, Ordering::Relaxed);
             return;
         }
+        *last_ack = Some(Ack {
+            term: resp.term,
+            loc: seg,
+            sent_us,
+        });
+        drop(last_ack);
         // Fence and release what is quarantined, unless a local put is still on it (then the
         // next heartbeat sees it again, once the put has ended).
         let release: Vec<pb::Version> = resp
@@ -287,6 +314,7 @@ impl Workload for MetadOnly {
             crashed: AtomicBool::new(false),
             remount: AtomicBool::new(false),
             highest_term: AtomicU64::new(0),
+            last_ack: Mutex::new(None),
             released: Mutex::new(Vec::new()),
             inflight: self.inflight.clone(),
             history: ctx.history.clone(),

@@ -75,6 +75,9 @@ pub enum Fault {
     PacketLoss { percent: u8 },
     /// kill -9 of every metad replica; heal restarts them all.
     RestartAll,
+    /// SIGSTOP of every metad replica for longer than the node TTL (a frozen VM host);
+    /// heal sends SIGCONT. Nobody was cut off, so nobody may be declared dead.
+    PauseAll,
     /// A fourth replica added, then the old leader removed, under load.
     MembershipChange,
     /// A sidecar host cut off from every host.
@@ -98,6 +101,7 @@ impl Fault {
             Fault::SplitLeaderMinority => "split-2/1-leader-minority".into(),
             Fault::PacketLoss { percent } => format!("packet-loss-{percent}%"),
             Fault::RestartAll => "restart-all-metad".into(),
+            Fault::PauseAll => "pause-all-metad".into(),
             Fault::MembershipChange => "membership-change".into(),
             Fault::HostCutoff { host } => format!("host-cutoff-{host}"),
             Fault::NicCut { host, nic } => format!("nic-cut-{host}-eth{nic}"),
@@ -125,6 +129,7 @@ impl Fault {
             Fault::RestartAll => Box::new(RestartAll {
                 stopped: Vec::new(),
             }),
+            Fault::PauseAll => Box::new(PauseAll { paused: Vec::new() }),
             Fault::MembershipChange => Box::new(MembershipChange),
             Fault::SidecarCrash { host } => Box::new(SidecarCrash { host }),
             Fault::DataPortLatency { delay } => Box::new(DataPortLatency { delay }),
@@ -206,6 +211,32 @@ impl Nemesis for RestartAll {
         Ok(format!(
             "restarted metad {:?}",
             std::mem::take(&mut self.stopped)
+        ))
+    }
+}
+
+struct PauseAll {
+    paused: Vec<u64>,
+}
+
+impl Nemesis for PauseAll {
+    fn name(&self) -> String {
+        Fault::PauseAll.name()
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        for id in ctx.cluster.member_ids() {
+            ctx.cluster.signal(id, Signal::SIGSTOP)?;
+            self.paused.push(id);
+        }
+        Ok(format!("SIGSTOP metad {:?}", self.paused))
+    }
+    fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        for id in &self.paused {
+            ctx.cluster.signal(*id, Signal::SIGCONT)?;
+        }
+        Ok(format!(
+            "SIGCONT metad {:?}",
+            std::mem::take(&mut self.paused)
         ))
     }
 }

@@ -26,6 +26,8 @@ pub struct HarnessConfig {
     pub settle: Duration,
     /// Load before the first fault.
     pub warmup: Duration,
+    /// The node TTL metad runs with (check (f)); must match `metad.extra_args`.
+    pub node_ttl: Duration,
 }
 
 impl HarnessConfig {
@@ -36,6 +38,7 @@ impl HarnessConfig {
             recovery_limit: Duration::from_secs(10),
             settle: Duration::from_millis(750),
             warmup: Duration::from_secs(2),
+            node_ttl: crate::cluster::NODE_TTL,
         }
     }
 }
@@ -280,6 +283,7 @@ impl<W: Workload> Harness<W> {
             windows: &self.windows,
             counters: self.cluster.counters(),
             recovery_limit: self.cfg.recovery_limit,
+            node_ttl: Some(self.cfg.node_ttl),
         });
         let logs = self.cluster.log_tails(40);
         Ok(RunOutcome {

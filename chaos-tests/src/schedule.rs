@@ -21,7 +21,9 @@ pub struct Step {
 pub fn default_hold(fault: &Fault) -> Duration {
     match fault {
         Fault::PauseLeader => Duration::from_millis(2500),
-        Fault::HostCutoff { .. } => crate::cluster::NODE_TTL + Duration::from_millis(1500),
+        Fault::HostCutoff { .. } | Fault::PauseAll => {
+            crate::cluster::NODE_TTL + Duration::from_millis(1500)
+        }
         Fault::RestartAll => Duration::from_millis(1500),
         Fault::MembershipChange => Duration::from_millis(2000),
         Fault::KillLeader | Fault::SidecarCrash { .. } => Duration::from_millis(2000),
@@ -50,6 +52,7 @@ fn every_fault(rng: &mut StdRng, data_plane: bool) -> Vec<Fault> {
             percent: rng.gen_range(20..=40),
         },
         Fault::RestartAll,
+        Fault::PauseAll,
         Fault::MembershipChange,
         Fault::HostCutoff {
             host: sidecar_host(rng),
@@ -125,9 +128,9 @@ mod tests {
     #[test]
     fn quick_has_every_fault_once_and_data_plane_faults_only_when_asked() {
         let q = quick(1, false);
-        assert_eq!(q.len(), 10);
+        assert_eq!(q.len(), 11);
         assert!(q.iter().all(|s| !s.fault.needs_data_plane()));
-        assert_eq!(quick(1, true).len(), 12);
+        assert_eq!(quick(1, true).len(), 13);
         assert!(long(3, false)
             .take(100)
             .all(|s| !s.fault.needs_data_plane()));

@@ -83,6 +83,19 @@ fn main() -> ExitCode {
     cfg.workload.keys = args.keys;
     cfg.workload.clients_per_host = args.clients;
     let workload = MetadOnly::new(MetadOnlyConfig::default());
+    // A filter that keeps nothing would make the endless long schedule spin forever.
+    let known: Vec<String> = schedule::quick(args.seed, true)
+        .iter()
+        .map(|s| s.fault.name())
+        .collect();
+    if let Some(bad) = args
+        .only
+        .iter()
+        .find(|p| !known.iter().any(|k| k.starts_with(p.as_str())))
+    {
+        eprintln!("regolith-chaos: --only {bad}: no such fault; faults: {known:?}");
+        return ExitCode::from(2);
+    }
     let only = args.only.clone();
     let wanted = move |s: &schedule::Step| {
         only.is_empty() || only.iter().any(|p| s.fault.name().starts_with(p.as_str()))
