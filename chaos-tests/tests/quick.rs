@@ -265,10 +265,16 @@ fn quick_profile() {
     let started = Instant::now();
     let outcome = run_profile(cfg, MetadOnly::new(MetadOnlyConfig::default()), steps, None)
         .expect("the harness ran");
-    println!(
-        "quick profile, seed {seed}, {:.1}s\n{outcome}",
-        started.elapsed().as_secs_f64()
-    );
+    // Written to the real stderr, not through the test harness's capture, so that every CI
+    // log shows the table.
+    {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "quick profile, seed {seed}, {:.1}s\n{outcome}",
+            started.elapsed().as_secs_f64()
+        );
+    }
     assert!(
         outcome.passed(),
         "chaos found problems (seed {seed}):\n{outcome}"
