@@ -96,6 +96,7 @@ pub struct Harness<W: Workload> {
     pub history: History,
     write_ids: Arc<AtomicU64>,
     windows: Vec<FaultWindow>,
+    data_proxies: Vec<Arc<crate::proxy::ProxyControl>>,
     errors: Vec<String>,
     crashes: Vec<String>,
     cfg: HarnessConfig,
@@ -133,7 +134,9 @@ impl<W: Workload> Harness<W> {
             workload = workload.name(),
             "harness up"
         );
+        let data_proxies = workload.data_proxies();
         Ok(Self {
+            data_proxies,
             running: Some(running),
             workload,
             hosts,
@@ -182,7 +185,7 @@ impl<W: Workload> Harness<W> {
             cluster: &mut self.cluster,
             history: &self.history,
             nodes: &*self.workload,
-            data_proxies: &[],
+            data_proxies: &self.data_proxies,
         }
     }
 

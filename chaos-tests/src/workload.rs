@@ -70,6 +70,12 @@ pub trait Workload: Send + Sync + 'static {
         )))
     }
 
+    /// Controls of the proxies in front of the sidecars' data ports (the data-port latency
+    /// fault acts on them); none for a workload that moves no bytes.
+    fn data_proxies(&self) -> Vec<Arc<crate::proxy::ProxyControl>> {
+        Vec::new()
+    }
+
     /// Stops background tasks (heartbeats) at the end of the run.
     fn stop(&self) {}
 }
