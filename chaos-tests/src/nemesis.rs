@@ -1,0 +1,468 @@
+//! The faults. Each is a named [`Nemesis`] with `inject` and `heal`; a [`Fault`] is the plain
+//! description a schedule is made of (seeded, printable, repeatable).
+//!
+//! Network faults are nftables tables inside the hosts' namespaces ([`crate::firewall`]);
+//! process faults are signals to the daemons; latency goes through [`crate::proxy`].
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::cluster::Cluster;
+use crate::error::{Error, Result};
+use crate::firewall::{self, Rule};
+use crate::history::History;
+use crate::netns::{Host, Topology};
+use crate::proxy::ProxyControl;
+
+/// Crash and restart of a node's sidecar (implemented by the workload, which owns them).
+pub trait NodeControl {
+    fn crash_node(&self, host: &str) -> Result<()>;
+    fn restart_node(&self, host: &str) -> Result<()>;
+}
+
+impl<W: crate::workload::Workload> NodeControl for W {
+    fn crash_node(&self, host: &str) -> Result<()> {
+        crate::workload::Workload::crash_node(self, host)
+    }
+    fn restart_node(&self, host: &str) -> Result<()> {
+        crate::workload::Workload::restart_node(self, host)
+    }
+}
+
+/// What a nemesis may touch.
+pub struct FaultCtx<'a> {
+    pub topo: &'a Topology,
+    pub cluster: &'a mut Cluster,
+    pub history: &'a History,
+    pub nodes: &'a dyn NodeControl,
+    /// Proxies in front of data ports (empty until a data-plane workload provides them).
+    pub data_proxies: &'a [Arc<ProxyControl>],
+}
+
+/// One fault: `inject` starts it, `heal` ends it; both return a line saying what they did.
+pub trait Nemesis: Send {
+    fn name(&self) -> String;
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String>;
+    fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String>;
+}
+
+/// Direction of a one-way partition, seen from the leader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OneWay {
+    /// The leader hears nothing from the other replicas (its messages still arrive).
+    LeaderDeaf,
+    /// Nothing the leader sends reaches the other replicas (it still hears them).
+    LeaderMute,
+}
+
+/// Every fault the suite knows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// kill -9 of the metad leader; heal restarts it.
+    KillLeader,
+    /// SIGSTOP of the leader (held past the election timeout); heal sends SIGCONT.
+    PauseLeader,
+    /// The leader's host cut off from every host (symmetric).
+    IsolateLeader,
+    /// A one-way partition between the leader and the other replicas.
+    OneWayLeader(OneWay),
+    /// The cluster split 2/1 (sidecar hosts split too) with the leader in the minority.
+    SplitLeaderMinority,
+    /// Random loss of this share of the leader's packets (nftables `numgen`).
+    PacketLoss { percent: u8 },
+    /// kill -9 of every metad replica; heal restarts them all.
+    RestartAll,
+    /// SIGSTOP of every metad replica for longer than the node TTL (a frozen VM host);
+    /// heal sends SIGCONT. Nobody was cut off, so nobody may be declared dead.
+    PauseAll,
+    /// A fourth replica added, then the old leader removed, under load.
+    MembershipChange,
+    /// A sidecar host cut off from every host.
+    HostCutoff { host: String },
+    /// One NIC of a sidecar host cut.
+    NicCut { host: String, nic: u8 },
+    /// The sidecar of a host crashed (its segment lost) and restarted.
+    SidecarCrash { host: String },
+    /// Delay added by the proxies in front of the data ports.
+    DataPortLatency { delay: Duration },
+}
+
+impl Fault {
+    pub fn name(&self) -> String {
+        match self {
+            Fault::KillLeader => "kill-leader".into(),
+            Fault::PauseLeader => "pause-leader".into(),
+            Fault::IsolateLeader => "isolate-leader".into(),
+            Fault::OneWayLeader(OneWay::LeaderDeaf) => "one-way-leader-deaf".into(),
+            Fault::OneWayLeader(OneWay::LeaderMute) => "one-way-leader-mute".into(),
+            Fault::SplitLeaderMinority => "split-2/1-leader-minority".into(),
+            Fault::PacketLoss { percent } => format!("packet-loss-{percent}%"),
+            Fault::RestartAll => "restart-all-metad".into(),
+            Fault::PauseAll => "pause-all-metad".into(),
+            Fault::MembershipChange => "membership-change".into(),
+            Fault::HostCutoff { host } => format!("host-cutoff-{host}"),
+            Fault::NicCut { host, nic } => format!("nic-cut-{host}-eth{nic}"),
+            Fault::SidecarCrash { host } => format!("sidecar-crash-{host}"),
+            Fault::DataPortLatency { delay } => format!("data-latency-{}ms", delay.as_millis()),
+        }
+    }
+
+    /// Faults whose effect only a workload that moves bytes between sidecars can observe.
+    pub fn needs_data_plane(&self) -> bool {
+        matches!(self, Fault::NicCut { .. } | Fault::DataPortLatency { .. })
+    }
+
+    pub fn nemesis(&self) -> Box<dyn Nemesis> {
+        let name = self.name();
+        match self.clone() {
+            Fault::KillLeader => Box::new(KillLeader { victim: None }),
+            Fault::PauseLeader => Box::new(PauseLeader { victim: None }),
+            Fault::IsolateLeader => Box::new(Net::new(name, NetKind::IsolateLeader)),
+            Fault::OneWayLeader(d) => Box::new(Net::new(name, NetKind::OneWay(d))),
+            Fault::SplitLeaderMinority => Box::new(Net::new(name, NetKind::Split)),
+            Fault::PacketLoss { percent } => Box::new(Net::new(name, NetKind::Loss(percent))),
+            Fault::HostCutoff { host } => Box::new(Net::new(name, NetKind::Cutoff(host))),
+            Fault::NicCut { host, nic } => Box::new(Net::new(name, NetKind::Nic(host, nic))),
+            Fault::RestartAll => Box::new(RestartAll {
+                stopped: Vec::new(),
+            }),
+            Fault::PauseAll => Box::new(PauseAll { paused: Vec::new() }),
+            Fault::MembershipChange => Box::new(MembershipChange),
+            Fault::SidecarCrash { host } => Box::new(SidecarCrash { host }),
+            Fault::DataPortLatency { delay } => Box::new(DataPortLatency { delay }),
+        }
+    }
+}
+
+fn leader(ctx: &FaultCtx<'_>) -> Result<u64> {
+    ctx.cluster.wait_leader(Duration::from_secs(15))
+}
+
+// ---------------------------------------------------------------------------- processes
+
+struct KillLeader {
+    victim: Option<u64>,
+}
+
+impl Nemesis for KillLeader {
+    fn name(&self) -> String {
+        Fault::KillLeader.name()
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        let id = leader(ctx)?;
+        ctx.cluster.kill(id)?;
+        self.victim = Some(id);
+        Ok(format!("kill -9 metad {id}"))
+    }
+    fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        let Some(id) = self.victim.take() else {
+            return Ok("nothing to restart".into());
+        };
+        ctx.cluster.restart(id)?;
+        Ok(format!("restarted metad {id}"))
+    }
+}
+
+struct PauseLeader {
+    victim: Option<u64>,
+}
+
+impl Nemesis for PauseLeader {
+    fn name(&self) -> String {
+        Fault::PauseLeader.name()
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        let id = leader(ctx)?;
+        ctx.cluster.signal(id, Signal::SIGSTOP)?;
+        self.victim = Some(id);
+        Ok(format!("SIGSTOP metad {id}"))
+    }
+    fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        let Some(id) = self.victim.take() else {
+            return Ok("nothing paused".into());
+        };
+        ctx.cluster.signal(id, Signal::SIGCONT)?;
+        Ok(format!("SIGCONT metad {id}"))
+    }
+}
+
+struct RestartAll {
+    stopped: Vec<u64>,
+}
+
+impl Nemesis for RestartAll {
+    fn name(&self) -> String {
+        Fault::RestartAll.name()
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        self.stopped = ctx.cluster.member_ids();
+        for id in &self.stopped {
+            ctx.cluster.kill(*id)?;
+        }
+        Ok(format!("kill -9 metad {:?}", self.stopped))
+    }
+    fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        for id in &self.stopped {
+            ctx.cluster.restart(*id)?;
+        }
+        Ok(format!(
+            "restarted metad {:?}",
+            std::mem::take(&mut self.stopped)
+        ))
+    }
+}
+
+struct PauseAll {
+    paused: Vec<u64>,
+}
+
+impl Nemesis for PauseAll {
+    fn name(&self) -> String {
+        Fault::PauseAll.name()
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        for id in ctx.cluster.member_ids() {
+            ctx.cluster.signal(id, Signal::SIGSTOP)?;
+            self.paused.push(id);
+        }
+        Ok(format!("SIGSTOP metad {:?}", self.paused))
+    }
+    fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        for id in &self.paused {
+            ctx.cluster.signal(*id, Signal::SIGCONT)?;
+        }
+        Ok(format!(
+            "SIGCONT metad {:?}",
+            std::mem::take(&mut self.paused)
+        ))
+    }
+}
+
+struct MembershipChange;
+
+impl Nemesis for MembershipChange {
+    fn name(&self) -> String {
+        Fault::MembershipChange.name()
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        let old = leader(ctx)?;
+        let new = ctx.cluster.add_member()?;
+        ctx.cluster.remove_member(old)?;
+        Ok(format!(
+            "added metad {new}, removed old leader {old}; members {:?}",
+            ctx.cluster.member_ids()
+        ))
+    }
+    fn heal(&mut self, _ctx: &mut FaultCtx<'_>) -> Result<String> {
+        Ok("nothing to heal (membership stays changed)".into())
+    }
+}
+
+struct SidecarCrash {
+    host: String,
+}
+
+impl Nemesis for SidecarCrash {
+    fn name(&self) -> String {
+        format!("sidecar-crash-{}", self.host)
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        ctx.nodes.crash_node(&self.host)?;
+        Ok(format!("sidecar of {} crashed", self.host))
+    }
+    fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        ctx.nodes.restart_node(&self.host)?;
+        Ok(format!("sidecar of {} restarted", self.host))
+    }
+}
+
+struct DataPortLatency {
+    delay: Duration,
+}
+
+impl Nemesis for DataPortLatency {
+    fn name(&self) -> String {
+        Fault::DataPortLatency { delay: self.delay }.name()
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        if ctx.data_proxies.is_empty() {
+            return Err(Error::Config(
+                "no proxy in front of any data port (the workload moves no bytes)".into(),
+            ));
+        }
+        for p in ctx.data_proxies {
+            p.set_delay(self.delay);
+        }
+        Ok(format!(
+            "{} data-port proxies delay {:?}",
+            ctx.data_proxies.len(),
+            self.delay
+        ))
+    }
+    fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        for p in ctx.data_proxies {
+            p.set_delay(Duration::ZERO);
+        }
+        Ok("data-port delay removed".into())
+    }
+}
+
+// ---------------------------------------------------------------------------- network
+
+#[derive(Clone)]
+enum NetKind {
+    IsolateLeader,
+    OneWay(OneWay),
+    Split,
+    Loss(u8),
+    Cutoff(String),
+    Nic(String, u8),
+}
+
+/// A network fault: fault tables on some hosts, removed on heal.
+struct Net {
+    name: String,
+    kind: NetKind,
+    installed: Vec<Host>,
+}
+
+impl Net {
+    fn new(name: String, kind: NetKind) -> Self {
+        Self {
+            name,
+            kind,
+            installed: Vec::new(),
+        }
+    }
+
+    fn install(&mut self, ctx: &FaultCtx<'_>, host: &Host, rules: &[Rule]) -> Result<()> {
+        firewall::install(host, &ctx.topo.dir, &self.name, rules)?;
+        self.installed.push(host.clone());
+        Ok(())
+    }
+
+    /// Splits the hosts into groups that cannot reach each other (both directions).
+    fn partition(&mut self, ctx: &FaultCtx<'_>, groups: &[Vec<Host>]) -> Result<()> {
+        for (gi, group) in groups.iter().enumerate() {
+            let others: Vec<Ipv4Addr> = groups
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != gi)
+                .flat_map(|(_, g)| g.iter().flat_map(addrs_of))
+                .collect();
+            for host in group {
+                self.install(
+                    ctx,
+                    host,
+                    &[Rule::DropFrom(others.clone()), Rule::DropTo(others.clone())],
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn addrs_of(h: &Host) -> Vec<Ipv4Addr> {
+    h.nics.iter().map(|n| n.addr).collect()
+}
+
+fn sidecar_hosts(topo: &Topology) -> Vec<Host> {
+    topo.hosts
+        .values()
+        .filter(|h| h.name.starts_with('s'))
+        .cloned()
+        .collect()
+}
+
+impl Nemesis for Net {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        match self.kind.clone() {
+            NetKind::IsolateLeader => {
+                let id = leader(ctx)?;
+                let host = ctx.cluster.replica(id)?.host.clone();
+                self.install(ctx, &host, &[Rule::DropAll])?;
+                Ok(format!(
+                    "metad {id} ({}) cut off from every host",
+                    host.name
+                ))
+            }
+            NetKind::OneWay(dir) => {
+                let id = leader(ctx)?;
+                let host = ctx.cluster.replica(id)?.host.clone();
+                let peers: Vec<Ipv4Addr> = ctx
+                    .cluster
+                    .member_ids()
+                    .into_iter()
+                    .filter(|m| *m != id)
+                    .filter_map(|m| ctx.cluster.replica(m).ok().map(|r| r.host.addr()))
+                    .collect();
+                let rule = match dir {
+                    OneWay::LeaderDeaf => Rule::DropFrom(peers.clone()),
+                    OneWay::LeaderMute => Rule::DropTo(peers.clone()),
+                };
+                self.install(ctx, &host, &[rule])?;
+                Ok(format!("metad {id}: {dir:?} towards {peers:?}"))
+            }
+            NetKind::Split => {
+                let id = leader(ctx)?;
+                let leader_host = ctx.cluster.replica(id)?.host.clone();
+                let sidecars = sidecar_hosts(ctx.topo);
+                let mut minority = vec![leader_host.clone()];
+                minority.extend(sidecars.first().cloned());
+                let majority: Vec<Host> = ctx
+                    .cluster
+                    .hosts()
+                    .iter()
+                    .filter(|h| h.name != leader_host.name)
+                    .cloned()
+                    .chain(sidecars.iter().skip(1).cloned())
+                    .collect();
+                let describe = |g: &[Host]| g.iter().map(|h| h.name.clone()).collect::<Vec<_>>();
+                let detail = format!(
+                    "minority {:?} (leader {id}) | majority {:?}",
+                    describe(&minority),
+                    describe(&majority)
+                );
+                self.partition(ctx, &[minority, majority])?;
+                Ok(detail)
+            }
+            NetKind::Loss(p) => {
+                let id = leader(ctx)?;
+                let host = ctx.cluster.replica(id)?.host.clone();
+                self.install(ctx, &host, &[Rule::Loss { percent: p }])?;
+                Ok(format!("metad {id} loses {p}% of its packets"))
+            }
+            NetKind::Cutoff(name) => {
+                let host = ctx.topo.host(&name)?.clone();
+                self.install(ctx, &host, &[Rule::DropAll])?;
+                Ok(format!("{name} cut off from every host"))
+            }
+            NetKind::Nic(name, nic) => {
+                let host = ctx.topo.host(&name)?.clone();
+                let ifname = host
+                    .nics
+                    .get(nic as usize)
+                    .map(|n| n.ifname.clone())
+                    .ok_or_else(|| Error::Config(format!("{name} has no NIC {nic}")))?;
+                self.install(ctx, &host, &[Rule::DropInterface(ifname.clone())])?;
+                Ok(format!("{name} {ifname} cut"))
+            }
+        }
+    }
+
+    fn heal(&mut self, _ctx: &mut FaultCtx<'_>) -> Result<String> {
+        let mut healed = Vec::new();
+        for host in self.installed.drain(..) {
+            firewall::remove(&host, &self.name)?;
+            healed.push(host.name);
+        }
+        Ok(format!("rules removed on {healed:?}"))
+    }
+}

@@ -1,0 +1,325 @@
+//! A whole chaos run: topology, metad cluster, workload clients on the sidecar hosts, a fault
+//! schedule, final reads, and the checker.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::checker::{self, CheckInput, FaultWindow, Report};
+use crate::cluster::{Cluster, MetadLaunch};
+use crate::error::Result;
+use crate::history::{EventKind, History};
+use crate::nemesis::{FaultCtx, Nemesis};
+use crate::netns::{self, Host, NsRuntime, Topology};
+use crate::schedule::Step;
+use crate::status::{self, SampleResult};
+use crate::workload::{self, HostCtx, Running, Workload, WorkloadConfig};
+
+/// Settings of a run.
+#[derive(Clone, Debug)]
+pub struct HarnessConfig {
+    pub metad: MetadLaunch,
+    pub workload: WorkloadConfig,
+    /// Check (d): puts and gets succeed again within this after a heal.
+    pub recovery_limit: Duration,
+    /// Quiet time after recovery before the next fault.
+    pub settle: Duration,
+    /// Load before the first fault.
+    pub warmup: Duration,
+    /// The node TTL metad runs with (check (f)); must match `metad.extra_args`.
+    pub node_ttl: Duration,
+}
+
+impl HarnessConfig {
+    pub fn new(metad: MetadLaunch) -> Self {
+        Self {
+            metad,
+            workload: WorkloadConfig::default(),
+            recovery_limit: Duration::from_secs(10),
+            settle: Duration::from_millis(750),
+            warmup: Duration::from_secs(2),
+            node_ttl: crate::cluster::NODE_TTL,
+        }
+    }
+}
+
+/// The result of a run.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub report: Report,
+    /// Harness-level failures (a fault that could not be injected, a leader never elected).
+    pub errors: Vec<String>,
+    /// metad processes that exited by themselves.
+    pub crashes: Vec<String>,
+    /// `/status` answers that did not parse (recorded, not fatal).
+    pub malformed_samples: usize,
+    pub elapsed: Duration,
+    /// The tail of every metad log, for failure reports.
+    pub logs: String,
+}
+
+impl RunOutcome {
+    pub fn passed(&self) -> bool {
+        self.report.passed() && self.errors.is_empty() && self.crashes.is_empty()
+    }
+}
+
+impl std::fmt::Display for RunOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.report)?;
+        writeln!(
+            f,
+            "run took {:.1}s; {} malformed status samples",
+            self.elapsed.as_secs_f64(),
+            self.malformed_samples
+        )?;
+        for e in &self.errors {
+            writeln!(f, "harness error: {e}")?;
+        }
+        for c in &self.crashes {
+            writeln!(f, "metad crashed: {c}")?;
+        }
+        if !self.passed() {
+            writeln!(f, "{}", self.logs)?;
+        }
+        Ok(())
+    }
+}
+
+/// Everything a run holds. Fields drop in order: clients, runtimes, daemons, then the
+/// topology, so nothing outlives its namespace.
+pub struct Harness<W: Workload> {
+    running: Option<Running>,
+    pub workload: Arc<W>,
+    hosts: Vec<(Host, Arc<NsRuntime>)>,
+    pub cluster: Cluster,
+    pub history: History,
+    write_ids: Arc<AtomicU64>,
+    windows: Vec<FaultWindow>,
+    data_proxies: Vec<Arc<crate::proxy::ProxyControl>>,
+    errors: Vec<String>,
+    crashes: Vec<String>,
+    cfg: HarnessConfig,
+    started: Instant,
+    pub topo: Topology,
+}
+
+impl<W: Workload> Harness<W> {
+    /// Builds the hosts, starts metad and the workload's clients.
+    pub fn start(cfg: HarnessConfig, workload: W) -> Result<Self> {
+        let started = Instant::now();
+        let topo = Topology::build(&netns::standard_hosts())?;
+        let history = History::new();
+        let observer = Arc::new(NsRuntime::new(&topo.bridge_ns, 1)?);
+        let cluster = Cluster::start(&topo, cfg.metad.clone(), observer, history.clone(), 3)?;
+        let workload = Arc::new(workload);
+        let mut hosts = Vec::new();
+        for host in topo.hosts.values().filter(|h| h.name.starts_with('s')) {
+            let rt = Arc::new(NsRuntime::new(&host.ns, 1)?);
+            let ctx = HostCtx {
+                host: host.clone(),
+                metad_addrs: cluster.metad_addrs(),
+                token: cluster.token().to_string(),
+                history: history.clone(),
+            };
+            let w = workload.clone();
+            rt.run(async move { w.start_host(ctx).await })?;
+            hosts.push((host.clone(), rt));
+        }
+        let write_ids = Arc::new(AtomicU64::new(1));
+        let running =
+            workload::start_clients(&workload, &hosts, &cfg.workload, &history, &write_ids)?;
+        tracing::info!(
+            elapsed = ?started.elapsed(),
+            workload = workload.name(),
+            "harness up"
+        );
+        let data_proxies = workload.data_proxies();
+        Ok(Self {
+            data_proxies,
+            running: Some(running),
+            workload,
+            hosts,
+            cluster,
+            history,
+            write_ids,
+            windows: Vec::new(),
+            errors: Vec::new(),
+            crashes: Vec::new(),
+            cfg,
+            started,
+            topo,
+        })
+    }
+
+    /// Sleeps `d` while watching for metad processes that exit by themselves.
+    fn watch(&mut self, d: Duration) {
+        let end = Instant::now() + d;
+        loop {
+            for (id, status) in self.cluster.crashed() {
+                let line = format!("metad {id} exited by itself ({status})");
+                tracing::error!("{line}");
+                self.history.event(EventKind::Note(line.clone()));
+                self.crashes.push(line);
+                // Keep the run going: a crash is reported, and the replica comes back.
+                if let Err(e) = self.cluster.restart(id) {
+                    self.errors
+                        .push(format!("restart of crashed metad {id}: {e}"));
+                }
+            }
+            let now = Instant::now();
+            if now >= end {
+                return;
+            }
+            std::thread::sleep((end - now).min(Duration::from_millis(100)));
+        }
+    }
+
+    pub fn warm_up(&mut self) {
+        self.watch(self.cfg.warmup);
+    }
+
+    fn ctx(&mut self) -> FaultCtx<'_> {
+        FaultCtx {
+            topo: &self.topo,
+            cluster: &mut self.cluster,
+            history: &self.history,
+            nodes: &*self.workload,
+            data_proxies: &self.data_proxies,
+        }
+    }
+
+    /// Injects, holds and heals one fault, then waits for recovery and settles.
+    pub fn run_step(&mut self, step: &Step) {
+        let mut nemesis: Box<dyn Nemesis> = step.fault.nemesis();
+        let name = nemesis.name();
+        let injected_us = self.history.now_us();
+        let detail = match nemesis.inject(&mut self.ctx()) {
+            Ok(d) => d,
+            Err(e) => {
+                let line = format!("{name}: inject failed: {e}");
+                tracing::error!("{line}");
+                self.errors.push(line.clone());
+                line
+            }
+        };
+        tracing::info!(fault = %name, %detail, hold = ?step.hold, "fault injected");
+        self.history.event(EventKind::FaultInjected {
+            fault: name.clone(),
+            detail: detail.clone(),
+        });
+        self.watch(step.hold);
+        let healed = nemesis.heal(&mut self.ctx());
+        let healed_us = self.history.now_us();
+        let heal_detail = match healed {
+            Ok(d) => d,
+            Err(e) => {
+                let line = format!("{name}: heal failed: {e}");
+                self.errors.push(line.clone());
+                line
+            }
+        };
+        tracing::info!(fault = %name, detail = %heal_detail, "fault healed");
+        self.history.event(EventKind::FaultHealed {
+            fault: name.clone(),
+            detail: heal_detail,
+        });
+        self.wait_recovery(healed_us);
+        self.watch(self.cfg.settle);
+        self.windows.push(FaultWindow {
+            name,
+            detail,
+            injected_us,
+            healed_us,
+            end_us: self.history.now_us(),
+        });
+    }
+
+    /// Waits until a put and a get invoked after the heal succeeded (or a little past the
+    /// limit: the checker then reports the missing recovery).
+    fn wait_recovery(&mut self, healed_us: u64) {
+        let end = Instant::now() + self.cfg.recovery_limit + Duration::from_secs(2);
+        while Instant::now() < end {
+            let ops = self.history.ops_since(healed_us);
+            if let Some(d) = checker::recovery_after(&ops, healed_us) {
+                tracing::info!(recovery = ?d, "recovered");
+                return;
+            }
+            self.watch(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops the load, reads every key once more, and checks the history.
+    pub fn finish(mut self) -> Result<RunOutcome> {
+        if let Err(e) = self.cluster.wait_leader(Duration::from_secs(20)) {
+            self.errors.push(format!("no leader at the end: {e}"));
+        }
+        if let Some(r) = self.running.take() {
+            r.stop();
+        }
+        let keys = self.cfg.workload.keys;
+        let timeout = self.cfg.workload.op_timeout;
+        if let Some((host, rt)) = self.hosts.first() {
+            let client = self.workload.client(&host.name, 9000)?;
+            let history = self.history.clone();
+            let failed = rt.run(async move {
+                workload::final_reads(&client, 9000, keys, &history, timeout).await
+            });
+            if failed > 0 {
+                self.errors.push(format!(
+                    "{failed} final reads failed after every fault healed"
+                ));
+            }
+        }
+        self.workload.stop();
+        self.cluster.stop_sampling();
+        let samples = self.cluster.samples();
+        let malformed = samples
+            .iter()
+            .filter(|s| matches!(s.result, SampleResult::Malformed(_)))
+            .count();
+        let claims = status::leader_claims(&samples);
+        let recorded = self.history.snapshot();
+        let report = checker::check(&CheckInput {
+            recorded: &recorded,
+            claims: &claims,
+            windows: &self.windows,
+            counters: self.cluster.counters(),
+            recovery_limit: self.cfg.recovery_limit,
+            node_ttl: Some(self.cfg.node_ttl),
+        });
+        let logs = self.cluster.log_tails(40);
+        Ok(RunOutcome {
+            report,
+            errors: std::mem::take(&mut self.errors),
+            crashes: std::mem::take(&mut self.crashes),
+            malformed_samples: malformed,
+            elapsed: self.started.elapsed(),
+            logs,
+        })
+    }
+
+    /// How many write ids were handed out (puts attempted).
+    pub fn puts_attempted(&self) -> u64 {
+        self.write_ids.load(std::sync::atomic::Ordering::Relaxed) - 1
+    }
+}
+
+/// Runs `steps` (stopping once `duration` has passed, if given) and checks the history.
+pub fn run_profile<W: Workload>(
+    cfg: HarnessConfig,
+    workload: W,
+    steps: impl IntoIterator<Item = Step>,
+    duration: Option<Duration>,
+) -> Result<RunOutcome> {
+    let mut h = Harness::start(cfg, workload)?;
+    h.warm_up();
+    let deadline = duration.map(|d| Instant::now() + d);
+    for step in steps {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        h.run_step(&step);
+    }
+    h.finish()
+}

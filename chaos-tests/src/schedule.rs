@@ -1,0 +1,138 @@
+//! Fault schedules, generated from a seed so a run can be repeated: the quick profile (every
+//! fault once, a few seconds each) and the long profile (random faults for a duration).
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use crate::nemesis::{Fault, OneWay};
+
+/// One step: inject `fault`, hold it for `hold`, heal.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub fault: Fault,
+    pub hold: Duration,
+}
+
+/// How long a fault is held by default. Pauses must outlast the election timeout, a host
+/// cut-off the node TTL ([`crate::cluster::NODE_TTL`]) so that metad declares it dead.
+pub fn default_hold(fault: &Fault) -> Duration {
+    match fault {
+        Fault::PauseLeader => Duration::from_millis(2500),
+        Fault::HostCutoff { .. } | Fault::PauseAll => {
+            crate::cluster::NODE_TTL + Duration::from_millis(1500)
+        }
+        Fault::RestartAll => Duration::from_millis(1500),
+        Fault::MembershipChange => Duration::from_millis(2000),
+        Fault::KillLeader | Fault::SidecarCrash { .. } => Duration::from_millis(2000),
+        _ => Duration::from_millis(3000),
+    }
+}
+
+fn sidecar_host(rng: &mut StdRng) -> String {
+    format!("s{}", rng.gen_range(1..=3))
+}
+
+/// Every fault once, with targets drawn from `rng`.
+fn every_fault(rng: &mut StdRng, data_plane: bool) -> Vec<Fault> {
+    let one_way = if rng.gen_bool(0.5) {
+        OneWay::LeaderDeaf
+    } else {
+        OneWay::LeaderMute
+    };
+    let faults = vec![
+        Fault::KillLeader,
+        Fault::PauseLeader,
+        Fault::IsolateLeader,
+        Fault::OneWayLeader(one_way),
+        Fault::SplitLeaderMinority,
+        Fault::PacketLoss {
+            percent: rng.gen_range(20..=40),
+        },
+        Fault::RestartAll,
+        Fault::PauseAll,
+        Fault::MembershipChange,
+        Fault::HostCutoff {
+            host: sidecar_host(rng),
+        },
+        Fault::SidecarCrash {
+            host: sidecar_host(rng),
+        },
+        Fault::NicCut {
+            host: sidecar_host(rng),
+            nic: rng.gen_range(0..2),
+        },
+        Fault::DataPortLatency {
+            delay: Duration::from_millis(rng.gen_range(20..200)),
+        },
+    ];
+    faults
+        .into_iter()
+        .filter(|f| data_plane || !f.needs_data_plane())
+        .collect()
+}
+
+/// The quick profile: every applicable fault once, in a seeded order.
+pub fn quick(seed: u64, data_plane: bool) -> Vec<Step> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut faults = every_fault(&mut rng, data_plane);
+    faults.shuffle(&mut rng);
+    faults
+        .into_iter()
+        .map(|fault| Step {
+            hold: default_hold(&fault),
+            fault,
+        })
+        .collect()
+}
+
+/// The long profile: an endless seeded stream of faults with random hold times (the runner
+/// stops taking steps when its duration is spent).
+pub fn long(seed: u64, data_plane: bool) -> impl Iterator<Item = Step> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    std::iter::from_fn(move || {
+        let faults = every_fault(&mut rng, data_plane);
+        let fault = faults.choose(&mut rng)?.clone();
+        let base = default_hold(&fault).as_millis() as u64;
+        let hold = Duration::from_millis(rng.gen_range(base / 2..=base * 2));
+        Some(Step { fault, hold })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules_repeat_with_the_seed() {
+        let names = |s: &[Step]| s.iter().map(|x| x.fault.name()).collect::<Vec<_>>();
+        assert_eq!(names(&quick(7, false)), names(&quick(7, false)));
+        let a: Vec<_> = long(7, false)
+            .take(20)
+            .map(|s| (s.fault.name(), s.hold))
+            .collect();
+        let b: Vec<_> = long(7, false)
+            .take(20)
+            .map(|s| (s.fault.name(), s.hold))
+            .collect();
+        assert_eq!(a, b);
+        let c: Vec<_> = long(8, false)
+            .take(20)
+            .map(|s| (s.fault.name(), s.hold))
+            .collect();
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn quick_has_every_fault_once_and_data_plane_faults_only_when_asked() {
+        let q = quick(1, false);
+        assert_eq!(q.len(), 11);
+        assert!(q.iter().all(|s| !s.fault.needs_data_plane()));
+        assert_eq!(quick(1, true).len(), 13);
+        assert!(long(3, false)
+            .take(100)
+            .all(|s| !s.fault.needs_data_plane()));
+    }
+}
