@@ -286,14 +286,13 @@ fn quick_profile() {
     );
 }
 
-/// Reproduction of a bug in `regolith_proto::client::MetadClient::call` (not in metad): when
-/// the cached leader is also `addrs[0]` and stops answering (partitioned: packets dropped), the
-/// call retries that same address as its "next" replica and spends its whole retry deadline on
-/// it, never trying the others. With the defaults (request timeout 10 s, deadline 15 s) a call
-/// takes ~20 s and fails while two healthy replicas have elected a new leader; a sidecar's
-/// heartbeats would stop for longer than the default node TTL (10 s).
+/// Regression test of a bug the suite found in `regolith_proto::client::MetadClient::call`:
+/// when the cached leader was also `addrs[0]` and stopped answering (partitioned: packets
+/// dropped), the call retried that same address as its "next" replica and spent its whole
+/// retry deadline on it, never trying the others (~20 s, then failure, while two healthy
+/// replicas had a new leader) — long enough for a sidecar to miss its node TTL. Fixed by
+/// rotating past the address that failed, and shorter attempts with HTTP/2 keep-alive.
 #[test]
-#[ignore = "known bug in regolith-proto MetadClient::call (see the report); run with --ignored"]
 fn metad_client_reaches_the_new_leader_when_the_old_one_is_partitioned() {
     init_logs();
     let topo = Topology::build(&netns::standard_hosts()).unwrap();

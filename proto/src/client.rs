@@ -46,8 +46,8 @@ impl ClientConfig {
         Self {
             addrs,
             token: None,
-            connect_timeout: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(5),
             retry_deadline: Duration::from_secs(15),
         }
     }
@@ -170,7 +170,8 @@ impl MetadClient {
                         .connect_timeout(self.inner.cfg.connect_timeout)
                         .timeout(self.inner.cfg.request_timeout)
                         .tcp_nodelay(true)
-                        .http2_keep_alive_interval(Duration::from_secs(10))
+                        .http2_keep_alive_interval(Duration::from_secs(1))
+                        .keep_alive_timeout(Duration::from_secs(2))
                         .keep_alive_while_idle(true);
                     let c = ep.connect_lazy();
                     chans.insert(addr.to_string(), c.clone());
@@ -195,8 +196,10 @@ impl MetadClient {
         let start = Instant::now();
         let deadline = start + self.inner.cfg.retry_deadline;
         let addrs = &self.inner.cfg.addrs;
-        let mut next = 0usize;
         let mut target = self.leader_addr();
+        // Rotation over the configured addresses starts after the cached leader, so a leader
+        // that stopped answering is not tried twice in a row.
+        let mut next = target.as_ref().and_then(|t| addrs.iter().position(|a| a == t)).map_or(0, |i| i + 1);
         let mut last: String;
         let mut backoff = Duration::from_millis(20);
         loop {
@@ -229,11 +232,7 @@ impl MetadClient {
                     tracing::debug!(op, %addr, code = ?s.code(), msg = s.message(), "metad call failed; retrying");
                 }
                 Err(s) => {
-                    return Err(Error::Rpc {
-                        addr,
-                        code: s.code(),
-                        message: s.message().to_string(),
-                    });
+                    return Err(Error::Rpc { addr, code: s.code(), message: s.message().to_string() });
                 }
             }
             if Instant::now() + backoff > deadline {
@@ -243,8 +242,11 @@ impl MetadClient {
                     last,
                 });
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            // A full round over the addresses without an answer: pause before the next round.
+            if next % addrs.len() == 0 || target.is_some() {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
         }
     }
 
