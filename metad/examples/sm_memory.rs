@@ -5,23 +5,46 @@ use regolith_metad::types::{Extent, Pin, Replica, Version};
 
 fn rss_kib() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap()
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap()
 }
 
 fn main() {
-    let n: u64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
+    let n: u64 = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
     let random = std::env::args().nth(2).is_some();
     let mut sm = StateMachine::new();
     let mut fx = Vec::new();
-    sm.apply(&Command::MountSegment { node_name: "a".into(), node_id_hint: 0, capacity: 1 << 40, data_addrs: vec![], now_ms: 0 }, &mut fx);
+    sm.apply(
+        &Command::MountSegment {
+            node_name: "a".into(),
+            node_id_hint: 0,
+            capacity: 1 << 40,
+            data_addrs: vec![],
+            now_ms: 0,
+        },
+        &mut fx,
+    );
     let seg = sm.segments().next().unwrap().id;
     let before = rss_kib();
     for i in 0..n {
-        let key = if random { format!("{:016x}{:048}", (i.wrapping_mul(0x9E3779B97F4A7C15)), i) } else { format!("{:064}", i) };
+        let key = if random {
+            format!("{:016x}{:048}", (i.wrapping_mul(0x9E3779B97F4A7C15)), i)
+        } else {
+            format!("{:064}", i)
+        };
         let cmd = Command::CommitPut {
             key,
             size: 64,
-            replicas: vec![Replica { segment: seg, extents: vec![Extent::new(i * 64, 64)] }],
+            replicas: vec![Replica {
+                segment: seg,
+                extents: vec![Extent::new(i * 64, 64)],
+            }],
             checksum: i,
             version: Version { term: 1, id: i },
             pin: Pin::None,
@@ -31,5 +54,9 @@ fn main() {
         sm.apply(&cmd, &mut fx);
     }
     let after = rss_kib();
-    println!("{n} objects: {:.1} MB ({:.0} bytes/object)", (after - before) as f64 / 1024.0, (after - before) as f64 * 1024.0 / n as f64);
+    println!(
+        "{n} objects: {:.1} MB ({:.0} bytes/object)",
+        (after - before) as f64 / 1024.0,
+        (after - before) as f64 * 1024.0 / n as f64
+    );
 }

@@ -85,10 +85,10 @@ pub struct Args {
     #[arg(long, env = "REGOLITH_MAX_KEY_LEN")]
     pub max_key_len: Option<usize>,
 
-    /// Raft heartbeat interval (e.g. 150ms).
+    /// Raft heartbeat interval (e.g. 100ms).
     #[arg(long, env = "REGOLITH_HEARTBEAT_INTERVAL")]
     pub heartbeat_interval: Option<String>,
-    /// Lower bound of the randomized election timeout (e.g. 600ms); also the leader lease.
+    /// Lower bound of the randomized election timeout (e.g. 500ms); also the leader lease.
     #[arg(long, env = "REGOLITH_ELECTION_TIMEOUT_MIN")]
     pub election_timeout_min: Option<String>,
     #[arg(long, env = "REGOLITH_ELECTION_TIMEOUT_MAX")]
@@ -97,7 +97,7 @@ pub struct Args {
     #[arg(long, env = "REGOLITH_SNAPSHOT_LOGS")]
     pub snapshot_logs: Option<u64>,
     /// Also build a snapshot once this many bytes were appended to the log since the last one
-    /// (entries carry batches, so a count alone bounds the log poorly), e.g. 64MiB.
+    /// (entries carry batches, so a count alone bounds the log poorly), e.g. 16MiB.
     #[arg(long, env = "REGOLITH_SNAPSHOT_BYTES")]
     pub snapshot_bytes: Option<String>,
     /// Largest Raft entry (a batch of commands), e.g. 1MiB.
@@ -110,6 +110,10 @@ pub struct Args {
     #[arg(long, env = "REGOLITH_SLED_CACHE")]
     pub sled_cache: Option<String>,
 
+    /// Runtime worker threads (default: one per core). Replicas sharing a small machine (as
+    /// `regolith up` runs them) do better with 1.
+    #[arg(long, env = "REGOLITH_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// TOML file with any of these settings (keys are the flag names with `_`).
     #[arg(long, env = "REGOLITH_CONFIG")]
     pub config: Option<PathBuf>,
@@ -152,6 +156,7 @@ pub struct FileConfig {
     pub max_entry_bytes: Option<String>,
     pub raft_max_message_bytes: Option<String>,
     pub sled_cache: Option<String>,
+    pub worker_threads: Option<usize>,
     pub log_format: Option<String>,
 }
 
@@ -176,6 +181,7 @@ pub struct Settings {
     pub max_entry_bytes: usize,
     pub raft_max_message_bytes: usize,
     pub sled_cache_bytes: u64,
+    pub worker_threads: Option<usize>,
     pub verbose: u8,
     pub json_logs: bool,
 }
@@ -362,17 +368,17 @@ impl Args {
         let heartbeat_interval = dur(
             "heartbeat-interval",
             self.heartbeat_interval.or(file.heartbeat_interval),
-            Duration::from_millis(150),
+            Duration::from_millis(100),
         )?;
         let election_timeout_min = dur(
             "election-timeout-min",
             self.election_timeout_min.or(file.election_timeout_min),
-            Duration::from_millis(600),
+            Duration::from_millis(500),
         )?;
         let election_timeout_max = dur(
             "election-timeout-max",
             self.election_timeout_max.or(file.election_timeout_max),
-            election_timeout_min * 5 / 3,
+            election_timeout_min * 8 / 5,
         )?;
         if election_timeout_min <= heartbeat_interval * 2
             || election_timeout_max <= election_timeout_min
@@ -431,12 +437,16 @@ impl Args {
             snapshot_bytes: size(
                 "snapshot-bytes",
                 self.snapshot_bytes.or(file.snapshot_bytes),
-                64 << 20,
+                16 << 20,
             )?
             .max(1 << 20),
             max_entry_bytes,
             raft_max_message_bytes,
             sled_cache_bytes: size("sled-cache", self.sled_cache.or(file.sled_cache), 32 << 20)?,
+            worker_threads: match self.worker_threads.or(file.worker_threads) {
+                Some(0) => return Err(Error::Config("--worker-threads must be at least 1".into())),
+                n => n,
+            },
             verbose: self.verbose,
             json_logs,
         })

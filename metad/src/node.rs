@@ -239,7 +239,10 @@ impl Node {
             return;
         }
         *mark = appended;
-        tracing::info!(appended, "log grew past --snapshot-bytes: building a snapshot");
+        tracing::info!(
+            appended,
+            "log grew past --snapshot-bytes: building a snapshot"
+        );
         if let Err(e) = self.raft.trigger().snapshot().await {
             tracing::warn!(error = %e, "could not trigger a snapshot");
         }

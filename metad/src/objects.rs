@@ -21,7 +21,10 @@ pub struct Objects {
 
 impl Default for Objects {
     fn default() -> Self {
-        Self { shards: (0..SHARDS).map(|_| IndexMap::new()).collect(), len: 0 }
+        Self {
+            shards: (0..SHARDS).map(|_| IndexMap::new()).collect(),
+            len: 0,
+        }
     }
 }
 
@@ -50,7 +53,9 @@ impl Objects {
     }
 
     pub fn get_key_value(&self, key: &str) -> Option<(&str, &Object)> {
-        self.shards[shard_of(key)].get_key_value(key).map(|(k, v)| (&**k, v))
+        self.shards[shard_of(key)]
+            .get_key_value(key)
+            .map(|(k, v)| (&**k, v))
     }
 
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Object> {
@@ -79,11 +84,15 @@ impl Objects {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Object)> {
-        self.shards.iter().flat_map(|s| s.iter().map(|(k, v)| (&**k, v)))
+        self.shards
+            .iter()
+            .flat_map(|s| s.iter().map(|(k, v)| (&**k, v)))
     }
 
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut Object)> {
-        self.shards.iter_mut().flat_map(|s| s.iter_mut().map(|(k, v)| (&**k, v)))
+        self.shards
+            .iter_mut()
+            .flat_map(|s| s.iter_mut().map(|(k, v)| (&**k, v)))
     }
 
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut Object> {
@@ -97,7 +106,10 @@ impl Objects {
     /// Up to `n` objects from `from` on, wrapping around; returns them and where to go on.
     pub fn scan(&self, from: Cursor, n: usize) -> (Vec<(&str, &Object)>, Cursor) {
         let mut out = Vec::with_capacity(n.min(self.len));
-        let mut c = Cursor { shard: from.shard % SHARDS, index: from.index };
+        let mut c = Cursor {
+            shard: from.shard % SHARDS,
+            index: from.index,
+        };
         let mut empty_shards = 0;
         while out.len() < n.min(self.len) && empty_shards <= SHARDS {
             let shard = &self.shards[c.shard];
@@ -108,7 +120,10 @@ impl Objects {
                     empty_shards = 0;
                 }
                 None => {
-                    c = Cursor { shard: (c.shard + 1) % SHARDS, index: 0 };
+                    c = Cursor {
+                        shard: (c.shard + 1) % SHARDS,
+                        index: 0,
+                    };
                     empty_shards += 1;
                 }
             }

@@ -65,10 +65,11 @@ pub fn main_with_args(argv: Vec<String>) -> ExitCode {
         }
     };
     init_logging(settings.verbose, settings.json_logs);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = settings.worker_threads {
+        builder.worker_threads(n);
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("regolith-metad: cannot start the runtime: {e}");

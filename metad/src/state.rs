@@ -150,7 +150,8 @@ impl StateMachine {
     /// of every key keeping the `limit` smallest: paged listing is an admin operation, and no
     /// ordered index is kept just for it.
     pub fn list_keys(&self, prefix: &str, start_after: &str, limit: usize) -> Vec<(&str, &Object)> {
-        let mut best: std::collections::BinaryHeap<&str> = std::collections::BinaryHeap::with_capacity(limit + 1);
+        let mut best: std::collections::BinaryHeap<&str> =
+            std::collections::BinaryHeap::with_capacity(limit + 1);
         for k in self.objects.keys() {
             if !k.starts_with(prefix) || k <= start_after {
                 continue;
@@ -164,7 +165,9 @@ impl StateMachine {
         }
         let mut keys = best.into_vec();
         keys.sort_unstable();
-        keys.into_iter().filter_map(|k| self.objects.get_key_value(k)).collect()
+        keys.into_iter()
+            .filter_map(|k| self.objects.get_key_value(k))
+            .collect()
     }
 
     pub fn key_count(&self) -> usize {
@@ -314,7 +317,8 @@ impl StateMachine {
         let node = match self.names.get(name) {
             Some(id) => *id,
             None => {
-                let id = if hint != 0 && hint <= u32::MAX as u64 && !self.nodes.contains_key(&hint) {
+                let id = if hint != 0 && hint <= u32::MAX as u64 && !self.nodes.contains_key(&hint)
+                {
                     hint
                 } else {
                     self.next_node_id
@@ -334,7 +338,11 @@ impl StateMachine {
                 id
             }
         };
-        if self.nodes.get(&node).is_some_and(|r| r.last_generation >= u32::MAX as u64) {
+        if self
+            .nodes
+            .get(&node)
+            .is_some_and(|r| r.last_generation >= u32::MAX as u64)
+        {
             return Outcome::Conflict(format!("node {name:?}: generations exhausted"));
         }
         let mut dropped = 0;
@@ -423,7 +431,9 @@ impl StateMachine {
             return Outcome::Conflict(why);
         }
         let Some(compact) = Replicas::from_replicas(replicas) else {
-            return Outcome::Conflict(format!("commit of {key:?}: node id or generation out of range"));
+            return Outcome::Conflict(format!(
+                "commit of {key:?}: node id or generation out of range"
+            ));
         };
         for r in replicas {
             let alloc = self.free.get_mut(&r.segment).expect("checked");
@@ -666,7 +676,9 @@ impl StateMachine {
             for p in o.replicas.pieces() {
                 let seg = p.segment();
                 let alloc = sm.free.get_mut(&seg).ok_or_else(|| {
-                    invalid(format!("snapshot object {k:?} is on unmounted segment {seg}"))
+                    invalid(format!(
+                        "snapshot object {k:?} is on unmounted segment {seg}"
+                    ))
                 })?;
                 if !alloc.take(&p.extent()) {
                     return Err(invalid(format!(

@@ -96,7 +96,10 @@ pub struct Piece {
 
 impl Piece {
     pub fn segment(&self) -> SegmentId {
-        SegmentId { node: self.node as u64, generation: self.generation as u64 }
+        SegmentId {
+            node: self.node as u64,
+            generation: self.generation as u64,
+        }
     }
     pub fn extent(&self) -> Extent {
         Extent::new(self.offset, self.len)
@@ -117,7 +120,12 @@ impl Replicas {
             let node = u32::try_from(r.segment.node).ok()?;
             let generation = u32::try_from(r.segment.generation).ok()?;
             for e in &r.extents {
-                v.push(Piece { node, generation, offset: e.offset, len: e.len });
+                v.push(Piece {
+                    node,
+                    generation,
+                    offset: e.offset,
+                    len: e.len,
+                });
             }
         }
         Some(Self(v))
@@ -134,7 +142,10 @@ impl Replicas {
             let seg = p.segment();
             match out.last_mut() {
                 Some(r) if r.segment == seg => r.extents.push(p.extent()),
-                _ => out.push(Replica { segment: seg, extents: vec![p.extent()] }),
+                _ => out.push(Replica {
+                    segment: seg,
+                    extents: vec![p.extent()],
+                }),
             }
         }
         out

@@ -199,7 +199,10 @@ impl MetadClient {
         let mut target = self.leader_addr();
         // Rotation over the configured addresses starts after the cached leader, so a leader
         // that stopped answering is not tried twice in a row.
-        let mut next = target.as_ref().and_then(|t| addrs.iter().position(|a| a == t)).map_or(0, |i| i + 1);
+        let mut next = target
+            .as_ref()
+            .and_then(|t| addrs.iter().position(|a| a == t))
+            .map_or(0, |i| i + 1);
         let mut last: String;
         let mut backoff = Duration::from_millis(20);
         loop {
@@ -232,7 +235,11 @@ impl MetadClient {
                     tracing::debug!(op, %addr, code = ?s.code(), msg = s.message(), "metad call failed; retrying");
                 }
                 Err(s) => {
-                    return Err(Error::Rpc { addr, code: s.code(), message: s.message().to_string() });
+                    return Err(Error::Rpc {
+                        addr,
+                        code: s.code(),
+                        message: s.message().to_string(),
+                    });
                 }
             }
             if Instant::now() + backoff > deadline {

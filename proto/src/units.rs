@@ -18,21 +18,22 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
             "size {s:?}: expected a number with an optional unit, like 1GiB"
         ));
     }
-    let mult: u64 =
-        match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 1,
-            "k" | "kib" => 1 << 10,
-            "m" | "mib" => 1 << 20,
-            "g" | "gib" => 1 << 30,
-            "t" | "tib" => 1 << 40,
-            "kb" => 1_000,
-            "mb" => 1_000_000,
-            "gb" => 1_000_000_000,
-            "tb" => 1_000_000_000_000,
-            other => return Err(format!(
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        other => {
+            return Err(format!(
                 "size {s:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
-            )),
-        };
+            ))
+        }
+    };
     let value = if num.contains('.') {
         let f: f64 = num.parse().map_err(|_| format!("size {s:?}: bad number"))?;
         let v = f * mult as f64;

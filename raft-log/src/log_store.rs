@@ -445,7 +445,8 @@ where
     ) -> Result<(), StorageError<u64>> {
         self.save_committed_sync(committed)
             .map_err(logs_error(ErrorVerb::Write))?;
-        self.stats().record_committed(committed.map(|c| c.index).unwrap_or(0));
+        self.stats()
+            .record_committed(committed.map(|c| c.index).unwrap_or(0));
         Ok(())
     }
 

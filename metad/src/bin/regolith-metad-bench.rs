@@ -34,6 +34,10 @@ struct Opts {
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// Runtime worker threads of each replica: the three replicas and the bench share this
+    /// machine's cores, so one each by default.
+    #[arg(long, default_value_t = 1)]
+    replica_threads: usize,
     /// Extra argument passed to every replica (repeatable), e.g. `--metad-arg=--sled-cache=16MiB`.
     #[arg(long = "metad-arg", allow_hyphen_values = true)]
     metad_args: Vec<String>,
@@ -47,8 +51,21 @@ struct Replica {
     child: Option<Child>,
 }
 
+impl Drop for Replica {
+    /// No replica outlives the bench, even when it panics.
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
 }
 
 fn metad_binary() -> PathBuf {
@@ -56,19 +73,59 @@ fn metad_binary() -> PathBuf {
     me.parent().expect("exe dir").join("regolith-metad")
 }
 
-fn spawn(r: &mut Replica, peers: &str, log_dir: &Path, extra: &[String]) {
+fn spawn(r: &mut Replica, peers: &str, log_dir: &Path, threads: usize, extra: &[String]) {
     let log = std::fs::File::create(log_dir.join(format!("metad-{}.log", r.id))).expect("log file");
     let child = Command::new(metad_binary())
-        .args(["--id", &r.id.to_string(), "--listen", &r.grpc, "--advertise", &r.grpc])
+        .args([
+            "--id",
+            &r.id.to_string(),
+            "--listen",
+            &r.grpc,
+            "--advertise",
+            &r.grpc,
+        ])
         .args(["--metrics-addr", &r.http, "--peers", peers, "--bootstrap"])
         .arg("--data-dir")
         .arg(&r.dir)
+        .args(["--worker-threads", &threads.to_string()])
         .args(extra)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
         .expect("spawn regolith-metad (build it first: cargo build --release -p regolith-metad)");
     r.child = Some(child);
+}
+
+/// The machine's ceiling for a request/reply: p50 of a 32-byte ping-pong between two threads
+/// over loopback TCP with plain blocking sockets.
+fn tcp_ping_pong_p50_us(rounds: usize) -> f64 {
+    use std::io::{Read, Write};
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let echo = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().expect("accept");
+        let _ = c.set_nodelay(true);
+        let mut b = [0u8; 32];
+        while c.read_exact(&mut b).is_ok() {
+            if c.write_all(&b).is_err() {
+                break;
+            }
+        }
+    });
+    let mut c = std::net::TcpStream::connect(addr).expect("connect");
+    let _ = c.set_nodelay(true);
+    let mut b = [0u8; 32];
+    let mut v = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        c.write_all(&b).expect("write");
+        c.read_exact(&mut b).expect("read");
+        v.push(t.elapsed());
+    }
+    drop(c);
+    let _ = echo.join();
+    v.sort();
+    percentile(&v, 0.5)
 }
 
 fn rss_kib(pid: u32) -> (u64, u64) {
@@ -102,15 +159,30 @@ async fn wait_leader(client: &MetadClient) -> Duration {
 }
 
 async fn put(client: &MetadClient, key: String, node: u64) -> bool {
-    let req = pb::ReserveRequest { key, size: 64, options: None, requester_node_id: node };
-    let Ok((r, addr)) = client.reserve(req).await else { return false };
-    let Some(res) = r.reservation else { return false };
+    let req = pb::ReserveRequest {
+        key,
+        size: 64,
+        options: None,
+        requester_node_id: node,
+    };
+    let Ok((r, addr)) = client.reserve(req).await else {
+        return false;
+    };
+    let Some(res) = r.reservation else {
+        return false;
+    };
     matches!(client.commit_at(&addr, pb::CommitRequest { version: res.version, checksum: 1 }).await,
         Ok(c) if c.status.as_ref().map(|s| s.code) == Some(0))
 }
 
 /// Commits per second with `writers` concurrent writers for `secs` seconds.
-async fn commit_rate(client: &MetadClient, node: u64, writers: usize, secs: u64, prefix: &str) -> f64 {
+async fn commit_rate(
+    client: &MetadClient,
+    node: u64,
+    writers: usize,
+    secs: u64,
+    prefix: &str,
+) -> f64 {
     let done = Arc::new(AtomicU64::new(0));
     let end = Instant::now() + Duration::from_secs(secs);
     let mut tasks = Vec::new();
@@ -162,14 +234,23 @@ async fn load(client: &MetadClient, node: u64, n: u64) {
                 requester_node_id: node,
             })
             .collect();
-        let (r, addr) = client.batch_reserve(pb::BatchReserveRequest { items }).await.expect("batch reserve");
+        let (r, addr) = client
+            .batch_reserve(pb::BatchReserveRequest { items })
+            .await
+            .expect("batch reserve");
         let commits = r
             .items
             .iter()
             .filter_map(|x| x.reservation.as_ref())
-            .map(|res| pb::CommitRequest { version: res.version, checksum: 7 })
+            .map(|res| pb::CommitRequest {
+                version: res.version,
+                checksum: 7,
+            })
             .collect();
-        client.batch_commit_at(&addr, pb::BatchCommitRequest { items: commits }).await.expect("batch commit");
+        client
+            .batch_commit_at(&addr, pb::BatchCommitRequest { items: commits })
+            .await
+            .expect("batch commit");
         done += batch;
         if done % 100_000 == 0 {
             eprintln!("  loaded {done} objects");
@@ -191,11 +272,25 @@ fn main() {
             child: None,
         })
         .collect();
-    let peers = replicas.iter().map(|r| format!("{}={}", r.id, r.grpc)).collect::<Vec<_>>().join(",");
+    let peers = replicas
+        .iter()
+        .map(|r| format!("{}={}", r.id, r.grpc))
+        .collect::<Vec<_>>()
+        .join(",");
     for r in replicas.iter_mut() {
-        spawn(r, &peers, &base, &opts.metad_args);
+        spawn(r, &peers, &base, opts.replica_threads, &opts.metad_args);
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    // Throughput figures use two worker threads; latency figures run on a one-thread runtime, so
+    // a request and its reply wake no other thread of the client.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let rt1 = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let mut cfg = ClientConfig::new(replicas.iter().map(|r| r.grpc.clone()).collect());
     cfg.retry_deadline = Duration::from_secs(30);
     let client = MetadClient::new(cfg).expect("client");
@@ -210,7 +305,11 @@ fn main() {
             })
             .await
             .expect("mount");
-        let hb = pb::HeartbeatRequest { node_id: m.node_id, generation: m.generation, ..Default::default() };
+        let hb = pb::HeartbeatRequest {
+            node_id: m.node_id,
+            generation: m.generation,
+            ..Default::default()
+        };
         client.heartbeat(hb.clone()).await.expect("heartbeat");
         let keepalive = {
             let (client, hb) = (client.clone(), hb.clone());
@@ -225,11 +324,21 @@ fn main() {
         let c1 = commit_rate(&client, m.node_id, 1, opts.seconds, "w1").await;
         eprintln!("commits/s, 64 writers...");
         let c64 = commit_rate(&client, m.node_id, 64, opts.seconds, "w64").await;
-        eprintln!("exists / get latency...");
         let keys: Vec<String> = (0..1000).map(|i| format!("lat-{i}")).collect();
         for k in &keys {
             assert!(put(&client, k.clone(), m.node_id).await, "put {k}");
         }
+        (c1, c64, keys, m, hb, keepalive)
+    });
+    let (c1, c64, keys, m, hb, keepalive) = report;
+    eprintln!("exists / get latency...");
+    let ping = tcp_ping_pong_p50_us(opts.samples.max(1000));
+    let (ex50, ex99, get50, get99) = rt1.block_on(async {
+        // A client of its own on this runtime (connections belong to the runtime that made them).
+        let mut cfg = ClientConfig::new(client.addrs().to_vec());
+        cfg.retry_deadline = Duration::from_secs(30);
+        let client = MetadClient::new(cfg).expect("client");
+        let _ = client.stats().await;
         let (ex50, ex99) = latencies(opts.samples, |i| {
             let (c, k) = (client.clone(), keys[i % keys.len()].clone());
             async move { c.exists(&k).await.is_ok() }
@@ -237,9 +346,17 @@ fn main() {
         .await;
         let (get50, get99) = latencies(opts.samples, |i| {
             let (c, k) = (client.clone(), keys[i % keys.len()].clone());
-            async move { c.get(&k, 0).await.map(|p| p.status.map(|s| s.code) == Some(0)).unwrap_or(false) }
+            async move {
+                c.get(&k, 0)
+                    .await
+                    .map(|p| p.status.map(|s| s.code) == Some(0))
+                    .unwrap_or(false)
+            }
         })
         .await;
+        (ex50, ex99, get50, get99)
+    });
+    let report = rt.block_on(async {
         let mut rss = Vec::new();
         if opts.objects > 0 {
             eprintln!("loading {} objects...", opts.objects);
@@ -251,16 +368,21 @@ fn main() {
         for r in &replicas {
             if let Some(c) = &r.child {
                 let (now, peak) = rss_kib(c.id());
-                eprintln!("  replica {}: RSS {} MiB, peak {} MiB", r.id, now / 1024, peak / 1024);
+                eprintln!(
+                    "  replica {}: RSS {} MiB, peak {} MiB",
+                    r.id,
+                    now / 1024,
+                    peak / 1024
+                );
                 rss.push((now, peak));
             }
         }
         eprintln!("failover: kill -9 of the leader...");
         let leader = client.stats().await.expect("stats").leader_id;
         keepalive.abort();
-        (c1, c64, ex50, ex99, get50, get99, rss, leader, m.node_id, hb)
+        (rss, leader, m.node_id, hb)
     });
-    let (c1, c64, ex50, ex99, get50, get99, rss, leader, node, hb) = report;
+    let (rss, leader, node, hb) = report;
     let killed = Instant::now();
     if let Some(r) = replicas.iter_mut().find(|r| r.id == leader) {
         if let Some(mut c) = r.child.take() {
@@ -286,14 +408,27 @@ fn main() {
     eprintln!("|---|---|---|");
     eprintln!("| commits/s, 1 writer | {c1:.0} | report |");
     eprintln!("| commits/s, 64 writers | {c64:.0} | >= 10000 |");
-    eprintln!("| exists p50 / p99 (us) | {ex50:.0} / {ex99:.0} | p50 <= 60 |");
-    eprintln!("| get placement p50 / p99 (us) | {get50:.0} / {get99:.0} | p50 <= 80 |");
-    eprintln!("| kill -9 leader -> first commit (ms) | {:.0} | <= 2000 |", failover.as_secs_f64() * 1e3);
-    eprintln!("| RSS steady / peak with {} objects (MB) | {:.0} / {:.0} | <= 300 |", opts.objects, mb(rss_steady), mb(rss_peak));
+    eprintln!("| machine ceiling: TCP ping-pong p50 (us) | {ping:.0} | - |");
+    eprintln!(
+        "| exists p50 / p99 (us) | {ex50:.0} / {ex99:.0} ({:.2} x ping-pong) | p50 <= 60 |",
+        ex50 / ping
+    );
+    eprintln!("| get placement p50 / p99 (us) | {get50:.0} / {get99:.0} ({:.2} x ping-pong) | p50 <= 80 |", get50 / ping);
+    eprintln!(
+        "| kill -9 leader -> first commit (ms) | {:.0} | <= 2000 |",
+        failover.as_secs_f64() * 1e3
+    );
+    eprintln!(
+        "| RSS steady / peak with {} objects (MB) | {:.0} / {:.0} | <= 300 |",
+        opts.objects,
+        mb(rss_steady),
+        mb(rss_peak)
+    );
     if opts.json {
         println!(
             "{}",
             serde_json::json!({
+                "tcp_ping_pong_p50_us": ping,
                 "commits_per_s_1": c1, "commits_per_s_64": c64,
                 "exists_p50_us": ex50, "exists_p99_us": ex99,
                 "get_p50_us": get50, "get_p99_us": get99,
@@ -303,10 +438,5 @@ fn main() {
             })
         );
     }
-    for r in replicas.iter_mut() {
-        if let Some(mut c) = r.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    drop(replicas);
 }

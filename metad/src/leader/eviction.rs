@@ -32,7 +32,11 @@ pub fn plan(
 ) -> Plan {
     let n = sm.key_count();
     if n == 0 {
-        return Plan { keys: Vec::new(), bytes: 0, cursor };
+        return Plan {
+            keys: Vec::new(),
+            bytes: 0,
+            cursor,
+        };
     }
     let avg = (sm.bytes_used() / n as u64).max(1);
     let scan = (MIN_SCAN.max(4 * (need / avg) as usize)).min(n);
@@ -42,7 +46,12 @@ pub fn plan(
         if o.pin == Pin::Hard || pending.contains(k) || skip(k, o) {
             continue;
         }
-        cands.push((matches!(o.pin, Pin::Soft { .. }), o.access_s, k, o.footprint()));
+        cands.push((
+            matches!(o.pin, Pin::Soft { .. }),
+            o.access_s,
+            k,
+            o.footprint(),
+        ));
     }
     cands.sort_by_key(|(soft, access, _, _)| (*soft, *access));
     let mut keys = Vec::new();
@@ -54,5 +63,9 @@ pub fn plan(
         keys.push(k.to_string());
         bytes += b;
     }
-    Plan { keys, bytes, cursor: next }
+    Plan {
+        keys,
+        bytes,
+        cursor: next,
+    }
 }

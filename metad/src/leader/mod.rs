@@ -428,8 +428,12 @@ impl Leader {
                 obj.access_s = access;
                 let obj = obj.clone();
                 self.leases.grant(obj.version, until);
-                let mut replicas: Vec<PlacedReplica> =
-                    obj.replicas.to_vec().iter().map(|r| placed_replica(sm, r)).collect();
+                let mut replicas: Vec<PlacedReplica> = obj
+                    .replicas
+                    .to_vec()
+                    .iter()
+                    .map(|r| placed_replica(sm, r))
+                    .collect();
                 // The requester's own replica first, then the ones heard from most recently.
                 replicas.sort_by_key(|r| {
                     (

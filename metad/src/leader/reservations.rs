@@ -195,7 +195,11 @@ impl Reservations {
     }
 
     pub fn forget_old_commits(&mut self, now_ms: u64) {
-        while self.recent_commits.front().is_some_and(|(_, t)| *t <= now_ms) {
+        while self
+            .recent_commits
+            .front()
+            .is_some_and(|(_, t)| *t <= now_ms)
+        {
             if let Some((old, _)) = self.recent_commits.pop_front() {
                 self.recent_set.remove(&old);
             }
