@@ -2,7 +2,7 @@
 //! needed on any machine.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/metad.proto", "proto/raft.proto"];
+    let protos = ["proto/metad.proto", "proto/raft.proto", "proto/uds.proto"];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }

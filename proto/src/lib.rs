@@ -15,6 +15,7 @@
 //! * [`frame`] — the UDS frame codec (`length | opcode | request id | body`).
 //! * [`fdpass`] — file descriptors over a Unix socket (SCM_RIGHTS).
 //! * [`dataplane`] — the sidecar-to-sidecar data-plane wire protocol (handshake, slices).
+//! * [`uds`] — the client-to-sidecar protocol: opcodes and messages (`proto/uds.proto`).
 //! * [`error`] — the crate's error enum.
 
 pub mod auth;
@@ -25,6 +26,7 @@ pub mod error;
 pub mod fdpass;
 pub mod frame;
 pub mod leader;
+pub mod uds;
 pub mod units;
 
 /// Generated code of `proto/metad.proto`.
