@@ -15,6 +15,10 @@ use crate::types::Extent;
 /// counted from the object's start, so nothing larger is needed).
 pub const ALIGN: u64 = 64;
 
+/// Length granule of all but the last extent of a fragmented replica: the checksum chunk size
+/// (`regolith_proto::checksum::CHUNK`).
+pub const GRANULE: u64 = 64 * 1024;
+
 pub fn align_up(n: u64) -> u64 {
     n.div_ceil(ALIGN) * ALIGN
 }
@@ -78,7 +82,9 @@ impl RangeAlloc {
     }
 
     /// Allocates `len` bytes in as few extents as possible (largest free ranges first), when no
-    /// single range is large enough. All or nothing.
+    /// single range is large enough. All or nothing. The extents are in object order, and every
+    /// one but the last is a multiple of [`GRANULE`] long, so that no checksum chunk of the
+    /// object straddles two extents (slices are hashed per chunk where they land).
     pub fn alloc_fragmented(&mut self, len: u64, max_extents: usize) -> Option<Vec<Extent>> {
         if let Some(e) = self.alloc(len) {
             return Some(vec![e]);
@@ -95,14 +101,20 @@ impl RangeAlloc {
             if left == 0 || picked.len() == max_extents {
                 break;
             }
-            let take = (e - s).min(left);
+            let take = if e - s >= left {
+                left
+            } else {
+                (e - s) / GRANULE * GRANULE
+            };
+            if take == 0 {
+                continue;
+            }
             picked.push(Extent::new(s, take));
             left -= take;
         }
         if left > 0 {
             return None;
         }
-        picked.sort();
         for e in &picked {
             let ok = self.take(e);
             debug_assert!(ok);
@@ -244,18 +256,46 @@ mod tests {
     }
 
     #[test]
-    fn fragmented_allocation() {
-        let mut a = RangeAlloc::new(64 * 10);
-        let es: Vec<_> = (0..10).map(|_| a.alloc(64).unwrap()).collect();
+    fn fragmented_allocation_keeps_chunks_whole() {
+        let g = GRANULE;
+        let mut a = RangeAlloc::new(g * 10);
+        let es: Vec<_> = (0..10).map(|_| a.alloc(g).unwrap()).collect();
         for e in es.iter().step_by(2) {
             a.free(e);
         }
-        assert!(a.alloc(128).is_none());
-        let got = a.alloc_fragmented(128, 4).unwrap();
-        assert_eq!(got.iter().map(|e| e.len).sum::<u64>(), 128);
+        assert!(a.alloc(2 * g).is_none());
+        let got = a.alloc_fragmented(2 * g + 100, 4).unwrap();
+        assert_eq!(got.iter().map(|e| e.len).sum::<u64>(), 2 * g + 128);
         assert!(
-            a.alloc_fragmented(64 * 4, 8).is_none(),
-            "only 3 chunks left"
+            got[..got.len() - 1].iter().all(|e| e.len % g == 0),
+            "{got:?}"
+        );
+        assert!(
+            a.alloc_fragmented(g * 3, 8).is_none(),
+            "only 2 granules left"
+        );
+        // A free range shorter than a granule cannot hold a non-final piece.
+        let mut b = RangeAlloc::new(g * 4);
+        let x = b.alloc(g).unwrap();
+        let _y = b.alloc(g).unwrap();
+        let z = b.alloc(g * 2).unwrap();
+        b.free(&x);
+        b.free(&z);
+        let got = b.alloc_fragmented(g * 2 + g / 2, 4).unwrap();
+        assert_eq!(
+            got,
+            vec![z, Extent::new(x.offset, g / 2)],
+            "largest first, remainder last"
+        );
+        let mut c = RangeAlloc::new(g * 4);
+        let x = c.alloc(g / 2).unwrap();
+        let _y = c.alloc(g).unwrap();
+        let z = c.alloc(g * 2 + g / 2).unwrap();
+        c.free(&x);
+        c.free(&z);
+        assert!(
+            c.alloc_fragmented(g * 2 + g / 2 + 64, 4).is_none(),
+            "a half-granule hole holds no middle piece"
         );
     }
 

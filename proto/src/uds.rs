@@ -104,7 +104,10 @@ impl Op {
 
 /// A status of the given code and message.
 pub fn status(code: pb::Code, message: impl Into<String>) -> pb::Status {
-    pb::Status { code: code as i32, message: message.into() }
+    pb::Status {
+        code: code as i32,
+        message: message.into(),
+    }
 }
 
 pub fn ok() -> pb::Status {
