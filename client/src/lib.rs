@@ -1,0 +1,26 @@
+//! regolith-client: the Rust client of the Regolith sidecar (design §8).
+//!
+//! Local extents are a single memcpy by the client into or out of the mapped segment, with the
+//! checksum computed chunk by chunk while the bytes are cache-hot; remote replicas go through
+//! the staging area or a registered buffer; batch calls are one round trip.
+//!
+//! Modules:
+//! * [`client`] — [`AsyncClient`]: puts, gets, key operations, shared buffers.
+//! * [`blocking`] — [`Client`], the blocking API over it.
+//! * [`conn`] — one pipelined connection: hello, frames, replies routed by id.
+//! * [`shm`] — mapped memfds (segment, staging, [`ShmBuffer`]) and the fused copy+hash.
+//! * [`staging`] — windows of the staging area, one per request in flight.
+//! * [`error`] — the crate's error enum.
+
+pub mod blocking;
+pub mod client;
+pub mod conn;
+pub mod error;
+pub mod shm;
+pub mod staging;
+
+pub use blocking::Client;
+pub use client::{AsyncClient, ClientConfig, Dest, PutInfo, ReplicaLocation, ReplicateConfig, Source, DEFAULT_SOCKET};
+pub use error::{Error, Result};
+pub use regolith_proto::uds::pb;
+pub use shm::ShmBuffer;
