@@ -30,7 +30,10 @@ impl Client {
             .build()
             .map_err(Error::Io)?;
         let inner = rt.block_on(AsyncClient::connect(cfg))?;
-        Ok(Self { rt: Arc::new(rt), inner })
+        Ok(Self {
+            rt: Arc::new(rt),
+            inner,
+        })
     }
 
     /// The async client beside this one (same connection).
@@ -54,7 +57,11 @@ impl Client {
         self.rt.block_on(self.inner.put_from(key, src, cfg))
     }
 
-    pub fn batch_put_from(&self, items: &[(&str, Source<'_>)], cfg: &ReplicateConfig) -> Vec<Result<PutInfo>> {
+    pub fn batch_put_from(
+        &self,
+        items: &[(&str, Source<'_>)],
+        cfg: &ReplicateConfig,
+    ) -> Vec<Result<PutInfo>> {
         self.rt.block_on(self.inner.batch_put_from(items, cfg))
     }
 

@@ -41,12 +41,18 @@ pub struct ClientConfig {
 impl ClientConfig {
     /// `REGOLITH_SOCKET`, else the default path.
     pub fn from_env() -> Self {
-        let socket = std::env::var_os("REGOLITH_SOCKET").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+        let socket = std::env::var_os("REGOLITH_SOCKET")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
         Self::new(socket)
     }
 
     pub fn new(socket: impl Into<PathBuf>) -> Self {
-        Self { socket: socket.into(), staging_size: 0, name: format!("pid-{}", std::process::id()) }
+        Self {
+            socket: socket.into(),
+            staging_size: 0,
+            name: format!("pid-{}", std::process::id()),
+        }
     }
 }
 
@@ -103,7 +109,11 @@ pub enum Source<'a> {
     /// Any memory: crosses to the sidecar through staging (or inline) when it has to.
     Bytes(&'a [u8]),
     /// A window of a registered buffer: the sidecar reads it directly.
-    Shm { buf: &'a ShmBuffer, offset: usize, len: usize },
+    Shm {
+        buf: &'a ShmBuffer,
+        offset: usize,
+        len: usize,
+    },
 }
 
 impl Source<'_> {
@@ -119,7 +129,11 @@ impl Source<'_> {
 #[derive(Debug)]
 pub enum Dest<'a> {
     Bytes(&'a mut [u8]),
-    Shm { buf: &'a ShmBuffer, offset: usize, len: usize },
+    Shm {
+        buf: &'a ShmBuffer,
+        offset: usize,
+        len: usize,
+    },
 }
 
 impl Dest<'_> {
@@ -150,7 +164,9 @@ pub struct AsyncClient {
 
 impl std::fmt::Debug for AsyncClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AsyncClient").field("socket", &self.cfg.socket).finish()
+        f.debug_struct("AsyncClient")
+            .field("socket", &self.cfg.socket)
+            .finish()
     }
 }
 
@@ -159,23 +175,38 @@ fn st_err(key: &str, st: &Option<pb::Status>) -> Option<Error> {
 }
 
 fn locations(r: &[pb::ReplicaInfo]) -> Vec<ReplicaLocation> {
-    r.iter().map(|x| ReplicaLocation { node_name: x.node_name.clone(), node_id: x.node_id, local: x.local }).collect()
+    r.iter()
+        .map(|x| ReplicaLocation {
+            node_name: x.node_name.clone(),
+            node_id: x.node_id,
+            local: x.local,
+        })
+        .collect()
 }
 
 fn window(w: &Window, len: u64) -> pb::Region {
-    pb::Region { r#where: Some(pb::region::Where::Staging(pb::Window { offset: w.offset, len })) }
+    pb::Region {
+        r#where: Some(pb::region::Where::Staging(pb::Window {
+            offset: w.offset,
+            len,
+        })),
+    }
 }
 
 impl AsyncClient {
     /// Connects to the sidecar (hello, mapping of the segment and staging area).
     pub async fn connect(cfg: ClientConfig) -> Result<Self> {
-        let c = Self { cfg, session: Arc::new(tokio::sync::Mutex::new(None)) };
+        let c = Self {
+            cfg,
+            session: Arc::new(tokio::sync::Mutex::new(None)),
+        };
         c.session().await?;
         Ok(c)
     }
 
     async fn open(&self) -> Result<Arc<Session>> {
-        let (conn, hello) = Conn::connect(&self.cfg.socket, self.cfg.staging_size, &self.cfg.name).await?;
+        let (conn, hello) =
+            Conn::connect(&self.cfg.socket, self.cfg.staging_size, &self.cfg.name).await?;
         let segment = match hello.segment_fd {
             Some(fd) => Some(Mapping::from_fd(fd, "segment")?),
             None => None,
@@ -233,12 +264,24 @@ impl AsyncClient {
         self.put_from(key, Source::Bytes(data), cfg).await
     }
 
-    pub async fn put_from(&self, key: &str, src: Source<'_>, cfg: &ReplicateConfig) -> Result<PutInfo> {
-        self.batch_put_from(&[(key, src)], cfg).await.pop().unwrap_or_else(|| Err(Error::Protocol("no reply item".into())))
+    pub async fn put_from(
+        &self,
+        key: &str,
+        src: Source<'_>,
+        cfg: &ReplicateConfig,
+    ) -> Result<PutInfo> {
+        self.batch_put_from(&[(key, src)], cfg)
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(Error::Protocol("no reply item".into())))
     }
 
     /// Puts many objects with one reserve and one commit round trip (per staging-sized group).
-    pub async fn batch_put_from(&self, items: &[(&str, Source<'_>)], cfg: &ReplicateConfig) -> Vec<Result<PutInfo>> {
+    pub async fn batch_put_from(
+        &self,
+        items: &[(&str, Source<'_>)],
+        cfg: &ReplicateConfig,
+    ) -> Vec<Result<PutInfo>> {
         let mut out: Vec<Option<Result<PutInfo>>> = (0..items.len()).map(|_| None).collect();
         let mut todo: Vec<usize> = (0..items.len()).collect();
         for _ in 0..ATTEMPTS {
@@ -272,15 +315,27 @@ impl AsyncClient {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        out.into_iter().map(|o| o.unwrap_or_else(|| Err(Error::Protocol("put not attempted".into())))).collect()
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(Error::Protocol("put not attempted".into()))))
+            .collect()
     }
 
-    async fn put_group(&self, s: &Session, group: &[usize], items: &[(&str, Source<'_>)], cfg: &ReplicateConfig) -> Vec<Result<PutInfo>> {
+    async fn put_group(
+        &self,
+        s: &Session,
+        group: &[usize],
+        items: &[(&str, Source<'_>)],
+        cfg: &ReplicateConfig,
+    ) -> Vec<Result<PutInfo>> {
         let options = cfg.options();
         let req = pb::PutBeginRequest {
             items: group
                 .iter()
-                .map(|&i| pb::PutBeginItem { key: items[i].0.to_string(), size: items[i].1.len() as u64, options: Some(options.clone()) })
+                .map(|&i| pb::PutBeginItem {
+                    key: items[i].0.to_string(),
+                    size: items[i].1.len() as u64,
+                    options: Some(options.clone()),
+                })
                 .collect(),
         };
         let reply: pb::PutBeginReply = match s.conn.call(Op::PutBegin, &req).await {
@@ -288,7 +343,14 @@ impl AsyncClient {
             Err(e) => return group.iter().map(|_| Err(clone_err(&e))).collect(),
         };
         if reply.items.len() != group.len() {
-            return group.iter().map(|_| Err(Error::Protocol("put_begin answered the wrong number of items".into()))).collect();
+            return group
+                .iter()
+                .map(|_| {
+                    Err(Error::Protocol(
+                        "put_begin answered the wrong number of items".into(),
+                    ))
+                })
+                .collect();
         }
         let mut results: Vec<Option<Result<PutInfo>>> = (0..group.len()).map(|_| None).collect();
         let mut commits = Vec::new();
@@ -316,10 +378,16 @@ impl AsyncClient {
             }
         }
         if !aborts.is_empty() {
-            let _ = s.conn.call::<_, pb::Empty>(Op::PutAbort, &pb::PutAbortRequest { versions: aborts }).await;
+            let _ = s
+                .conn
+                .call::<_, pb::Empty>(Op::PutAbort, &pb::PutAbortRequest { versions: aborts })
+                .await;
         }
         if !commits.is_empty() {
-            let reply: Result<pb::PutCommitReply> = s.conn.call(Op::PutCommit, &pb::PutCommitRequest { items: commits }).await;
+            let reply: Result<pb::PutCommitReply> = s
+                .conn
+                .call(Op::PutCommit, &pb::PutCommitRequest { items: commits })
+                .await;
             drop(windows);
             match reply {
                 Ok(r) if r.items.len() == committed_idx.len() => {
@@ -327,13 +395,17 @@ impl AsyncClient {
                         let key = items[group[*j]].0;
                         results[*j] = Some(match st_err(key, &res.status) {
                             Some(e) => Err(e),
-                            None => Ok(PutInfo { replicas: locations(&res.replicas) }),
+                            None => Ok(PutInfo {
+                                replicas: locations(&res.replicas),
+                            }),
                         });
                     }
                 }
                 Ok(_) => {
                     for j in &committed_idx {
-                        results[*j] = Some(Err(Error::Protocol("put_commit answered the wrong number of items".into())));
+                        results[*j] = Some(Err(Error::Protocol(
+                            "put_commit answered the wrong number of items".into(),
+                        )));
                     }
                 }
                 Err(e) => {
@@ -343,35 +415,81 @@ impl AsyncClient {
                 }
             }
         }
-        results.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::Protocol("item not processed".into())))).collect()
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Protocol("item not processed".into()))))
+            .collect()
     }
 
     /// Puts the bytes where the sidecar needs them: into the local extents (copy + checksum),
     /// or a source region for the sidecar to send to remote replicas.
-    async fn place_bytes(&self, s: &Session, t: &pb::PutTicket, src: Source<'_>) -> Result<(pb::PutCommitItem, Option<Window>)> {
+    async fn place_bytes(
+        &self,
+        s: &Session,
+        t: &pb::PutTicket,
+        src: Source<'_>,
+    ) -> Result<(pb::PutCommitItem, Option<Window>)> {
         let size = src.len();
         let seed = t.checksum_seed;
         let mut hashes = vec![0u64; checksum::chunk_count(size as u64)];
         let version = t.version;
         if !t.local_extents.is_empty() {
-            let seg = s.segment.as_ref().ok_or_else(|| Error::Protocol("local extents on a node without a segment".into()))?;
-            with_source(&src, |bytes| copy_to_extents(seg, &t.local_extents, bytes, seed, &mut hashes))??;
-            let item = pb::PutCommitItem { version, checksum: checksum::combine(seed, &hashes), checksum_known: true, source: None };
+            let seg = s.segment.as_ref().ok_or_else(|| {
+                Error::Protocol("local extents on a node without a segment".into())
+            })?;
+            with_source(&src, |bytes| {
+                copy_to_extents(seg, &t.local_extents, bytes, seed, &mut hashes)
+            })??;
+            let item = pb::PutCommitItem {
+                version,
+                checksum: checksum::combine(seed, &hashes),
+                checksum_known: true,
+                source: None,
+            };
             return Ok((item, None));
         }
         if !t.remote {
-            return Err(Error::Protocol("reservation with neither a local nor a remote replica".into()));
+            return Err(Error::Protocol(
+                "reservation with neither a local nor a remote replica".into(),
+            ));
         }
         match src {
             Source::Shm { buf, offset, len } => {
                 let shm_id = self.registered(s, buf).await?;
-                let region = pb::Region { r#where: Some(pb::region::Where::Shm(pb::ShmWindow { shm_id, offset: offset as u64, len: len as u64 })) };
-                Ok((pb::PutCommitItem { version, checksum: 0, checksum_known: false, source: Some(region) }, None))
+                let region = pb::Region {
+                    r#where: Some(pb::region::Where::Shm(pb::ShmWindow {
+                        shm_id,
+                        offset: offset as u64,
+                        len: len as u64,
+                    })),
+                };
+                Ok((
+                    pb::PutCommitItem {
+                        version,
+                        checksum: 0,
+                        checksum_known: false,
+                        source: Some(region),
+                    },
+                    None,
+                ))
             }
             Source::Bytes(b) if b.len() <= INLINE_PUT => {
-                let region = pb::Region { r#where: Some(pb::region::Where::Inline(pb::Inline { data: b.to_vec(), max_len: 0 })) };
+                let region = pb::Region {
+                    r#where: Some(pb::region::Where::Inline(pb::Inline {
+                        data: b.to_vec(),
+                        max_len: 0,
+                    })),
+                };
                 let ck = checksum::checksum(seed, b);
-                Ok((pb::PutCommitItem { version, checksum: ck, checksum_known: true, source: Some(region) }, None))
+                Ok((
+                    pb::PutCommitItem {
+                        version,
+                        checksum: ck,
+                        checksum_known: true,
+                        source: Some(region),
+                    },
+                    None,
+                ))
             }
             Source::Bytes(b) => {
                 let w = s.stage.alloc(b.len() as u64).await?;
@@ -406,17 +524,37 @@ impl AsyncClient {
 
     async fn get_once(&self, key: &str) -> Result<Vec<u8>> {
         let s = self.session().await?;
-        let inline = pb::Region { r#where: Some(pb::region::Where::Inline(pb::Inline { data: vec![], max_len: uds::MAX_INLINE })) };
-        let mut item = pb::GetItem { key: key.to_string(), dest: Some(inline), local_ok: true, report_mismatch: false };
+        let inline = pb::Region {
+            r#where: Some(pb::region::Where::Inline(pb::Inline {
+                data: vec![],
+                max_len: uds::MAX_INLINE,
+            })),
+        };
+        let mut item = pb::GetItem {
+            key: key.to_string(),
+            dest: Some(inline),
+            local_ok: true,
+            report_mismatch: false,
+        };
         for _ in 0..2 {
             let r = get_one(&s, item.clone()).await?;
             let code = r.status.as_ref().map(|s| s.code).unwrap_or(0);
             if code == pb::Code::NeedSpace as i32 {
                 let w = s.stage.alloc(r.size).await?;
-                let it = pb::GetItem { key: key.to_string(), dest: Some(window(&w, r.size)), local_ok: true, report_mismatch: item.report_mismatch };
+                let it = pb::GetItem {
+                    key: key.to_string(),
+                    dest: Some(window(&w, r.size)),
+                    local_ok: true,
+                    report_mismatch: item.report_mismatch,
+                };
                 let r = get_one(&s, it).await?;
                 return match self.finish_get(&s, key, &r, Some(&w))? {
-                    Finish::Local => self.read_local_vec(&s, key, &r)?.ok_or_else(|| Error::Corrupt { key: key.to_string() }),
+                    Finish::Local => {
+                        self.read_local_vec(&s, key, &r)?
+                            .ok_or_else(|| Error::Corrupt {
+                                key: key.to_string(),
+                            })
+                    }
                     Finish::Done(v) => Ok(v),
                 };
             }
@@ -431,10 +569,18 @@ impl AsyncClient {
                 },
             }
         }
-        Err(Error::Corrupt { key: key.to_string() })
+        Err(Error::Corrupt {
+            key: key.to_string(),
+        })
     }
 
-    fn finish_get(&self, s: &Session, key: &str, r: &pb::GetResult, w: Option<&Window>) -> Result<Finish> {
+    fn finish_get(
+        &self,
+        s: &Session,
+        key: &str,
+        r: &pb::GetResult,
+        w: Option<&Window>,
+    ) -> Result<Finish> {
         if let Some(e) = st_err(key, &r.status) {
             return Err(e);
         }
@@ -454,16 +600,35 @@ impl AsyncClient {
         Ok(self.copy_local(s, key, r, &mut v)?.then_some(v))
     }
 
-    fn copy_local(&self, s: &Session, key: &str, r: &pb::GetResult, dst: &mut [u8]) -> Result<bool> {
-        let seg = s.segment.as_ref().ok_or_else(|| Error::Protocol(format!("{key:?}: local extents on a node without a segment")))?;
+    fn copy_local(
+        &self,
+        s: &Session,
+        key: &str,
+        r: &pb::GetResult,
+        dst: &mut [u8],
+    ) -> Result<bool> {
+        let seg = s.segment.as_ref().ok_or_else(|| {
+            Error::Protocol(format!(
+                "{key:?}: local extents on a node without a segment"
+            ))
+        })?;
         let mut hashes = vec![0u64; checksum::chunk_count(r.size)];
-        copy_from_extents(seg, &r.local_extents, &mut dst[..r.size as usize], r.checksum_seed, &mut hashes)?;
+        copy_from_extents(
+            seg,
+            &r.local_extents,
+            &mut dst[..r.size as usize],
+            r.checksum_seed,
+            &mut hashes,
+        )?;
         Ok(checksum::combine(r.checksum_seed, &hashes) == r.checksum)
     }
 
     /// Copies the object into `dst`; returns its size.
     pub async fn get_into(&self, key: &str, dst: Dest<'_>) -> Result<usize> {
-        self.batch_get_into(vec![(key, dst)]).await.pop().unwrap_or_else(|| Err(Error::Protocol("no reply item".into())))
+        self.batch_get_into(vec![(key, dst)])
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(Error::Protocol("no reply item".into())))
     }
 
     /// Gets many objects in one round trip (per staging-sized group).
@@ -484,10 +649,13 @@ impl AsyncClient {
                 }
             };
             let mut retry = Vec::new();
-            let sizes: Vec<u64> = items.iter().map(|(_, d)| match d {
-                Dest::Bytes(b) => b.len() as u64,
-                Dest::Shm { .. } => 0,
-            }).collect();
+            let sizes: Vec<u64> = items
+                .iter()
+                .map(|(_, d)| match d {
+                    Dest::Bytes(b) => b.len() as u64,
+                    Dest::Shm { .. } => 0,
+                })
+                .collect();
             for group in groups(&todo, |i| sizes[i], s.stage.capacity()) {
                 let res = self.get_group(&s, &group, &mut items).await;
                 for (i, r) in group.into_iter().zip(res) {
@@ -505,12 +673,21 @@ impl AsyncClient {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        out.into_iter().map(|o| o.unwrap_or_else(|| Err(Error::Protocol("get not attempted".into())))).collect()
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(Error::Protocol("get not attempted".into()))))
+            .collect()
     }
 
-    async fn get_group(&self, s: &Session, group: &[usize], items: &mut [(&str, Dest<'_>)]) -> Vec<Result<usize>> {
+    async fn get_group(
+        &self,
+        s: &Session,
+        group: &[usize],
+        items: &mut [(&str, Dest<'_>)],
+    ) -> Vec<Result<usize>> {
         let mut windows: Vec<Option<Window>> = Vec::with_capacity(group.len());
-        let mut req = pb::GetRequest { items: Vec::with_capacity(group.len()) };
+        let mut req = pb::GetRequest {
+            items: Vec::with_capacity(group.len()),
+        };
         for &i in group {
             let (key, dest) = (&items[i].0, &items[i].1);
             let (region, w) = match dest {
@@ -520,14 +697,25 @@ impl AsyncClient {
                 },
                 Dest::Shm { buf, offset, len } => match self.registered(s, buf).await {
                     Ok(shm_id) => (
-                        pb::Region { r#where: Some(pb::region::Where::Shm(pb::ShmWindow { shm_id, offset: *offset as u64, len: *len as u64 })) },
+                        pb::Region {
+                            r#where: Some(pb::region::Where::Shm(pb::ShmWindow {
+                                shm_id,
+                                offset: *offset as u64,
+                                len: *len as u64,
+                            })),
+                        },
                         None,
                     ),
                     Err(e) => return group.iter().map(|_| Err(clone_err(&e))).collect(),
                 },
             };
             windows.push(w);
-            req.items.push(pb::GetItem { key: key.to_string(), dest: Some(region), local_ok: true, report_mismatch: false });
+            req.items.push(pb::GetItem {
+                key: key.to_string(),
+                dest: Some(region),
+                local_ok: true,
+                report_mismatch: false,
+            });
         }
         let mut results: Vec<Option<Result<usize>>> = (0..group.len()).map(|_| None).collect();
         // Group positions of this round's request items.
@@ -535,7 +723,16 @@ impl AsyncClient {
         for attempt in 0..2 {
             let reply = match s.conn.call::<_, pb::GetReply>(Op::Get, &req).await {
                 Ok(r) if r.items.len() == req.items.len() => r,
-                Ok(_) => return group.iter().map(|_| Err(Error::Protocol("get answered the wrong number of items".into()))).collect(),
+                Ok(_) => {
+                    return group
+                        .iter()
+                        .map(|_| {
+                            Err(Error::Protocol(
+                                "get answered the wrong number of items".into(),
+                            ))
+                        })
+                        .collect()
+                }
                 Err(e) => return group.iter().map(|_| Err(clone_err(&e))).collect(),
             };
             let mut next = pb::GetRequest { items: Vec::new() };
@@ -566,28 +763,53 @@ impl AsyncClient {
             round = next_round;
         }
         drop(windows);
-        results.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::Protocol("item not processed".into())))).collect()
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Protocol("item not processed".into()))))
+            .collect()
     }
 
     /// Delivers one get result into its destination; Ok(None) when a local copy failed
     /// verification (the caller asks for another replica).
-    fn deliver(&self, s: &Session, key: &str, r: &pb::GetResult, dest: &mut Dest<'_>, w: Option<&Window>) -> Result<Option<usize>> {
+    fn deliver(
+        &self,
+        s: &Session,
+        key: &str,
+        r: &pb::GetResult,
+        dest: &mut Dest<'_>,
+        w: Option<&Window>,
+    ) -> Result<Option<usize>> {
         if let Some(e) = st_err(key, &r.status) {
-            if let Error::Server { code: pb::Code::NeedSpace, .. } = e {
-                return Err(Error::BufferTooSmall { key: key.to_string(), have: dest.len() as u64, need: r.size });
+            if let Error::Server {
+                code: pb::Code::NeedSpace,
+                ..
+            } = e
+            {
+                return Err(Error::BufferTooSmall {
+                    key: key.to_string(),
+                    have: dest.len() as u64,
+                    need: r.size,
+                });
             }
             return Err(e);
         }
         let size = r.size as usize;
         if size > dest.len() {
-            return Err(Error::BufferTooSmall { key: key.to_string(), have: dest.len() as u64, need: r.size });
+            return Err(Error::BufferTooSmall {
+                key: key.to_string(),
+                have: dest.len() as u64,
+                need: r.size,
+            });
         }
         if !r.local_extents.is_empty() {
             let ok = match dest {
                 Dest::Bytes(b) => self.copy_local(s, key, r, b)?,
                 Dest::Shm { buf, offset, .. } => {
                     let mut tmp_hashes = vec![0u64; checksum::chunk_count(r.size)];
-                    let seg = s.segment.as_ref().ok_or_else(|| Error::Protocol("local extents without a segment".into()))?;
+                    let seg = s
+                        .segment
+                        .as_ref()
+                        .ok_or_else(|| Error::Protocol("local extents without a segment".into()))?;
                     // SAFETY: `slice_mut` bounds-checks against the buffer's mapping; the slice
                     // lives only for this copy.
                     let d = unsafe { buf.inner.map.slice_mut(*offset as u64, r.size)? };
@@ -599,7 +821,9 @@ impl AsyncClient {
         }
         if r.delivered {
             if let Dest::Bytes(b) = dest {
-                let w = w.ok_or_else(|| Error::Protocol("delivered into staging without a window".into()))?;
+                let w = w.ok_or_else(|| {
+                    Error::Protocol("delivered into staging without a window".into())
+                })?;
                 s.staging.read(w.offset, &mut b[..size])?;
             }
             return Ok(Some(size));
@@ -617,7 +841,12 @@ impl AsyncClient {
     // ------------------------------------------------------------------ keys
 
     pub async fn exists(&self, key: &str) -> Result<bool> {
-        Ok(self.batch_exists(&[key]).await?.first().copied().unwrap_or(false))
+        Ok(self
+            .batch_exists(&[key])
+            .await?
+            .first()
+            .copied()
+            .unwrap_or(false))
     }
 
     pub async fn batch_exists(&self, keys: &[&str]) -> Result<Vec<bool>> {
@@ -630,7 +859,10 @@ impl AsyncClient {
     }
 
     pub async fn get_size(&self, key: &str) -> Result<u64> {
-        self.batch_get_size(&[key]).await?.pop().unwrap_or_else(|| Err(Error::Protocol("no reply item".into())))
+        self.batch_get_size(&[key])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(Error::Protocol("no reply item".into())))
     }
 
     pub async fn batch_get_size(&self, keys: &[&str]) -> Result<Vec<Result<u64>>> {
@@ -650,7 +882,10 @@ impl AsyncClient {
     }
 
     pub async fn remove(&self, key: &str) -> Result<()> {
-        self.batch_remove(&[key]).await?.pop().unwrap_or_else(|| Err(Error::Protocol("no reply item".into())))
+        self.batch_remove(&[key])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(Error::Protocol("no reply item".into())))
     }
 
     pub async fn batch_remove(&self, keys: &[&str]) -> Result<Vec<Result<()>>> {
@@ -659,7 +894,11 @@ impl AsyncClient {
         if let Some(e) = st_err("", &r.status) {
             return Err(e);
         }
-        Ok(keys.iter().zip(&r.statuses).map(|(k, st)| Error::of_status(k, Some(st)).map_or(Ok(()), Err)).collect())
+        Ok(keys
+            .iter()
+            .zip(&r.statuses)
+            .map(|(k, st)| Error::of_status(k, Some(st)).map_or(Ok(()), Err))
+            .collect())
     }
 
     pub async fn remove_all(&self) -> Result<u64> {
@@ -707,8 +946,16 @@ impl AsyncClient {
                 return Ok(id);
             }
         }
-        let r: pb::RegisterShmReply =
-            s.conn.call_with_fd(Op::RegisterShm, &pb::RegisterShmRequest { size: buf.len() as u64 }, buf.inner.map.fd()).await?;
+        let r: pb::RegisterShmReply = s
+            .conn
+            .call_with_fd(
+                Op::RegisterShm,
+                &pb::RegisterShmRequest {
+                    size: buf.len() as u64,
+                },
+                buf.inner.map.fd(),
+            )
+            .await?;
         if let Some(e) = st_err("", &r.status) {
             return Err(e);
         }
@@ -722,7 +969,10 @@ impl AsyncClient {
         if let Some((sid, id)) = reg {
             let s = self.session().await?;
             if s.id == sid {
-                let r: pb::StatusReply = s.conn.call(Op::UnregisterShm, &pb::UnregisterShmRequest { shm_id: id }).await?;
+                let r: pb::StatusReply = s
+                    .conn
+                    .call(Op::UnregisterShm, &pb::UnregisterShmRequest { shm_id: id })
+                    .await?;
                 if let Some(e) = st_err("", &r.status) {
                     return Err(e);
                 }
@@ -738,12 +988,20 @@ enum Finish {
 }
 
 async fn get_one(s: &Session, item: pb::GetItem) -> Result<pb::GetResult> {
-    let r: pb::GetReply = s.conn.call(Op::Get, &pb::GetRequest { items: vec![item] }).await?;
-    r.items.into_iter().next().ok_or_else(|| Error::Protocol("get answered no item".into()))
+    let r: pb::GetReply = s
+        .conn
+        .call(Op::Get, &pb::GetRequest { items: vec![item] })
+        .await?;
+    r.items
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Protocol("get answered no item".into()))
 }
 
 fn keys_req(keys: &[&str]) -> pb::KeysRequest {
-    pb::KeysRequest { keys: keys.iter().map(|k| k.to_string()).collect() }
+    pb::KeysRequest {
+        keys: keys.iter().map(|k| k.to_string()).collect(),
+    }
 }
 
 /// Splits item indices into groups whose staging needs fit in `capacity`.
@@ -779,7 +1037,13 @@ fn with_source<R>(src: &Source<'_>, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
 }
 
 /// Copies the object `src` into its extents of the segment, in object order, hashing chunks.
-fn copy_to_extents(seg: &Mapping, extents: &[pb::Extent], src: &[u8], seed: u64, hashes: &mut [u64]) -> Result<()> {
+fn copy_to_extents(
+    seg: &Mapping,
+    extents: &[pb::Extent],
+    src: &[u8],
+    seed: u64,
+    hashes: &mut [u64],
+) -> Result<()> {
     let mut off = 0usize;
     for e in extents {
         if off >= src.len() {
@@ -787,17 +1051,31 @@ fn copy_to_extents(seg: &Mapping, extents: &[pb::Extent], src: &[u8], seed: u64,
         }
         let n = (e.len as usize).min(src.len() - off);
         let first_chunk = off / checksum::CHUNK;
-        seg.write_hashed(e.offset, &src[off..off + n], seed, &mut hashes[first_chunk..])?;
+        seg.write_hashed(
+            e.offset,
+            &src[off..off + n],
+            seed,
+            &mut hashes[first_chunk..],
+        )?;
         off += n;
     }
     if off < src.len() {
-        return Err(Error::Protocol(format!("local extents hold {off} of {} bytes", src.len())));
+        return Err(Error::Protocol(format!(
+            "local extents hold {off} of {} bytes",
+            src.len()
+        )));
     }
     Ok(())
 }
 
 /// Copies an object out of its extents of the segment into `dst`, hashing chunks.
-fn copy_from_extents(seg: &Mapping, extents: &[pb::Extent], dst: &mut [u8], seed: u64, hashes: &mut [u64]) -> Result<()> {
+fn copy_from_extents(
+    seg: &Mapping,
+    extents: &[pb::Extent],
+    dst: &mut [u8],
+    seed: u64,
+    hashes: &mut [u64],
+) -> Result<()> {
     let mut off = 0usize;
     let total = dst.len();
     for e in extents {
@@ -806,11 +1084,18 @@ fn copy_from_extents(seg: &Mapping, extents: &[pb::Extent], dst: &mut [u8], seed
         }
         let n = (e.len as usize).min(total - off);
         let first_chunk = off / checksum::CHUNK;
-        seg.read_hashed(e.offset, &mut dst[off..off + n], seed, &mut hashes[first_chunk..])?;
+        seg.read_hashed(
+            e.offset,
+            &mut dst[off..off + n],
+            seed,
+            &mut hashes[first_chunk..],
+        )?;
         off += n;
     }
     if off < total {
-        return Err(Error::Protocol(format!("local extents hold {off} of {total} bytes")));
+        return Err(Error::Protocol(format!(
+            "local extents hold {off} of {total} bytes"
+        )));
     }
     Ok(())
 }
@@ -818,7 +1103,11 @@ fn copy_from_extents(seg: &Mapping, extents: &[pb::Extent], dst: &mut [u8], seed
 fn clone_err(e: &Error) -> Error {
     match e {
         Error::Disconnected(m) => Error::Disconnected(m.clone()),
-        Error::Server { key, code, message } => Error::Server { key: key.clone(), code: *code, message: message.clone() },
+        Error::Server { key, code, message } => Error::Server {
+            key: key.clone(),
+            code: *code,
+            message: message.clone(),
+        },
         Error::NotFound { key } => Error::NotFound { key: key.clone() },
         Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
         other => Error::Protocol(other.to_string()),

@@ -59,8 +59,17 @@ async fn write_all(sock: &UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
 
 impl Conn {
     /// Connects and says hello; returns the connection and what hello brought.
-    pub async fn connect(path: &Path, staging_size: u64, client_name: &str) -> Result<(Arc<Conn>, Hello)> {
-        let sock = UnixStream::connect(path).await.map_err(|e| Error::Connect { path: path.to_path_buf(), source: e })?;
+    pub async fn connect(
+        path: &Path,
+        staging_size: u64,
+        client_name: &str,
+    ) -> Result<(Arc<Conn>, Hello)> {
+        let sock = UnixStream::connect(path)
+            .await
+            .map_err(|e| Error::Connect {
+                path: path.to_path_buf(),
+                source: e,
+            })?;
         let req = pb::HelloRequest {
             protocol_version: uds::PROTOCOL_VERSION,
             staging_size,
@@ -73,23 +82,36 @@ impl Conn {
         let mut fds: Vec<OwnedFd> = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
         let reply_frame = loop {
-            if let Some(f) = codec.next_frame().map_err(|e| Error::Protocol(e.to_string()))? {
+            if let Some(f) = codec
+                .next_frame()
+                .map_err(|e| Error::Protocol(e.to_string()))?
+            {
                 break f;
             }
             let (n, got) = fdpass::recv_fds_async(&sock, &mut buf, 4).await?;
             if n == 0 {
-                return Err(Error::Hello { path: path.to_path_buf(), message: "sidecar closed the connection".into() });
+                return Err(Error::Hello {
+                    path: path.to_path_buf(),
+                    message: "sidecar closed the connection".into(),
+                });
             }
             fds.extend(got);
             codec.feed(&buf[..n]);
         };
-        let reply = pb::HelloReply::decode(reply_frame.body.as_ref()).map_err(|e| Error::Protocol(format!("hello reply: {e}")))?;
+        let reply = pb::HelloReply::decode(reply_frame.body.as_ref())
+            .map_err(|e| Error::Protocol(format!("hello reply: {e}")))?;
         if let Some(e) = reply.status.as_ref().filter(|s| s.code != 0) {
-            return Err(Error::Hello { path: path.to_path_buf(), message: e.message.clone() });
+            return Err(Error::Hello {
+                path: path.to_path_buf(),
+                message: e.message.clone(),
+            });
         }
         let want = if reply.segment_size > 0 { 2 } else { 1 };
         if fds.len() != want {
-            return Err(Error::Hello { path: path.to_path_buf(), message: format!("expected {want} memfds with hello, got {}", fds.len()) });
+            return Err(Error::Hello {
+                path: path.to_path_buf(),
+                message: format!("expected {want} memfds with hello, got {}", fds.len()),
+            });
         }
         let staging_fd = fds.pop().expect("checked count");
         let segment_fd = fds.pop();
@@ -97,7 +119,12 @@ impl Conn {
         let sock = Arc::new(sock);
         let waiters: Waiters = Arc::new(Mutex::new(HashMap::new()));
         let alive = Arc::new(AtomicBool::new(true));
-        let reader = tokio::spawn(read_loop(sock.clone(), codec, waiters.clone(), alive.clone()));
+        let reader = tokio::spawn(read_loop(
+            sock.clone(),
+            codec,
+            waiters.clone(),
+            alive.clone(),
+        ));
         let conn = Arc::new(Conn {
             sock,
             write: tokio::sync::Mutex::new(()),
@@ -107,7 +134,14 @@ impl Conn {
             reader,
             path: path.to_path_buf(),
         });
-        Ok((conn, Hello { reply, segment_fd, staging_fd }))
+        Ok((
+            conn,
+            Hello {
+                reply,
+                segment_fd,
+                staging_fd,
+            },
+        ))
     }
 
     pub fn is_alive(&self) -> bool {
@@ -120,7 +154,8 @@ impl Conn {
             return Err(Error::Disconnected("the connection was closed".into()));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let bytes = frame::encode_to_vec(op as u16, id, body).map_err(|e| Error::Protocol(e.to_string()))?;
+        let bytes = frame::encode_to_vec(op as u16, id, body)
+            .map_err(|e| Error::Protocol(e.to_string()))?;
         let (tx, rx) = oneshot::channel();
         self.waiters.lock().insert(id, tx);
         // The reader may have died between the check above and the insert; it drains the
@@ -141,31 +176,57 @@ impl Conn {
             self.alive.store(false, Ordering::Release);
             return Err(Error::Disconnected(format!("sending {}: {e}", op.name())));
         }
-        let frame = rx.await.map_err(|_| Error::Disconnected("the sidecar closed the connection".into()))??;
+        let frame = rx
+            .await
+            .map_err(|_| Error::Disconnected("the sidecar closed the connection".into()))??;
         if frame.opcode == Op::Error as u16 {
             let e = pb::ErrorReply::decode(frame.body.as_ref()).unwrap_or_default();
             let st = e.status.unwrap_or_default();
-            return Err(Error::Protocol(format!("sidecar refused {}: {}", op.name(), st.message)));
+            return Err(Error::Protocol(format!(
+                "sidecar refused {}: {}",
+                op.name(),
+                st.message
+            )));
         }
         if frame.opcode != op as u16 {
-            return Err(Error::Protocol(format!("reply opcode {} to a {} request", frame.opcode, op.name())));
+            return Err(Error::Protocol(format!(
+                "reply opcode {} to a {} request",
+                frame.opcode,
+                op.name()
+            )));
         }
         Ok(frame)
     }
 
     /// Sends a request message and decodes the reply message.
-    pub async fn call<Req: Message, Rep: Message + Default>(&self, op: Op, req: &Req) -> Result<Rep> {
+    pub async fn call<Req: Message, Rep: Message + Default>(
+        &self,
+        op: Op,
+        req: &Req,
+    ) -> Result<Rep> {
         let frame = self.call_raw(op, &req.encode_to_vec(), None).await?;
-        Rep::decode(frame.body.as_ref()).map_err(|e| Error::Protocol(format!("{} reply: {e}", op.name())))
+        Rep::decode(frame.body.as_ref())
+            .map_err(|e| Error::Protocol(format!("{} reply: {e}", op.name())))
     }
 
-    pub async fn call_with_fd<Req: Message, Rep: Message + Default>(&self, op: Op, req: &Req, fd: BorrowedFd<'_>) -> Result<Rep> {
+    pub async fn call_with_fd<Req: Message, Rep: Message + Default>(
+        &self,
+        op: Op,
+        req: &Req,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Rep> {
         let frame = self.call_raw(op, &req.encode_to_vec(), Some(fd)).await?;
-        Rep::decode(frame.body.as_ref()).map_err(|e| Error::Protocol(format!("{} reply: {e}", op.name())))
+        Rep::decode(frame.body.as_ref())
+            .map_err(|e| Error::Protocol(format!("{} reply: {e}", op.name())))
     }
 }
 
-async fn read_loop(sock: Arc<UnixStream>, mut codec: FrameCodec, waiters: Waiters, alive: Arc<AtomicBool>) {
+async fn read_loop(
+    sock: Arc<UnixStream>,
+    mut codec: FrameCodec,
+    waiters: Waiters,
+    alive: Arc<AtomicBool>,
+) {
     let mut buf = vec![0u8; 256 * 1024];
     let why = 'outer: loop {
         loop {

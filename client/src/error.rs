@@ -9,7 +9,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot connect to the sidecar at {path}: {source} (is regolith-sidecar running? set REGOLITH_SOCKET or pass the socket path)")]
-    Connect { path: PathBuf, source: std::io::Error },
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("sidecar at {path} refused hello: {message}")]
     Hello { path: PathBuf, message: String },
     #[error("connection to the sidecar lost: {0}")]
@@ -18,7 +21,9 @@ pub enum Error {
     NotFound { key: String },
     #[error("key {key:?} already exists")]
     AlreadyExists { key: String },
-    #[error("key {key:?}: stored bytes failed their checksum on every replica (treated as a miss)")]
+    #[error(
+        "key {key:?}: stored bytes failed their checksum on every replica (treated as a miss)"
+    )]
     Corrupt { key: String },
     #[error("key {key:?}: no space in the cache: {message}")]
     NoSpace { key: String, message: String },
@@ -27,7 +32,11 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("key {key:?}: {code:?}: {message}")]
-    Server { key: String, code: pb::Code, message: String },
+    Server {
+        key: String,
+        code: pb::Code,
+        message: String,
+    },
     #[error("protocol error: {0}")]
     Protocol(String),
     #[error("shared memory: {0}")]
@@ -47,15 +56,28 @@ impl Error {
             pb::Code::NotFound => Error::NotFound { key },
             pb::Code::AlreadyExists => Error::AlreadyExists { key },
             pb::Code::Corrupt => Error::Corrupt { key },
-            pb::Code::NoSpace => Error::NoSpace { key, message: st.message.clone() },
+            pb::Code::NoSpace => Error::NoSpace {
+                key,
+                message: st.message.clone(),
+            },
             pb::Code::InvalidArgument => Error::InvalidArgument(format!("{key:?}: {}", st.message)),
-            code => Error::Server { key, code, message: st.message.clone() },
+            code => Error::Server {
+                key,
+                code,
+                message: st.message.clone(),
+            },
         })
     }
 
     /// Whether a retry with a fresh reservation may succeed (leader change, timeout).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Server { code: pb::Code::Unavailable | pb::Code::Timeout | pb::Code::Busy, .. })
+        matches!(
+            self,
+            Error::Server {
+                code: pb::Code::Unavailable | pb::Code::Timeout | pb::Code::Busy,
+                ..
+            }
+        )
     }
 
     /// Whether the object is simply absent (a miss): not found, or failed verification.

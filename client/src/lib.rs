@@ -20,7 +20,10 @@ pub mod shm;
 pub mod staging;
 
 pub use blocking::Client;
-pub use client::{AsyncClient, ClientConfig, Dest, PutInfo, ReplicaLocation, ReplicateConfig, Source, DEFAULT_SOCKET};
+pub use client::{
+    AsyncClient, ClientConfig, Dest, PutInfo, ReplicaLocation, ReplicateConfig, Source,
+    DEFAULT_SOCKET,
+};
 pub use error::{Error, Result};
 pub use regolith_proto::uds::pb;
 pub use shm::ShmBuffer;

@@ -34,8 +34,10 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// Maps a memfd received from the sidecar, with its size from `fstat`.
     pub fn from_fd(fd: OwnedFd, what: &str) -> Result<Self> {
-        let st = fstat(fd.as_raw_fd()).map_err(|e| Error::Shm(format!("fstat of the {what} memfd: {e}")))?;
-        let len = u64::try_from(st.st_size).map_err(|_| Error::Shm(format!("{what} memfd has a negative size")))?;
+        let st = fstat(fd.as_raw_fd())
+            .map_err(|e| Error::Shm(format!("fstat of the {what} memfd: {e}")))?;
+        let len = u64::try_from(st.st_size)
+            .map_err(|_| Error::Shm(format!("{what} memfd has a negative size")))?;
         let map = if len == 0 {
             None
         } else {
@@ -53,16 +55,24 @@ impl Mapping {
     /// shrinking (the sidecar maps it too) and maps it.
     pub fn create(size: u64, name: &str) -> Result<Self> {
         if size == 0 {
-            return Err(Error::InvalidArgument("a shared buffer needs a size > 0".into()));
+            return Err(Error::InvalidArgument(
+                "a shared buffer needs a size > 0".into(),
+            ));
         }
         let cname = std::ffi::CString::new(format!("regolith-client-{name}"))
             .map_err(|_| Error::InvalidArgument("buffer name contains NUL".into()))?;
-        let fd = memfd_create(&cname, MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING)
-            .map_err(|e| Error::Shm(format!("memfd_create: {e}")))?;
+        let fd = memfd_create(
+            &cname,
+            MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING,
+        )
+        .map_err(|e| Error::Shm(format!("memfd_create: {e}")))?;
         fallocate(fd.as_raw_fd(), FallocateFlags::empty(), 0, size as i64)
             .map_err(|e| Error::Shm(format!("allocating {size} bytes of shared memory: {e}")))?;
-        fcntl(fd.as_raw_fd(), FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW))
-            .map_err(|e| Error::Shm(format!("sealing the shared buffer: {e}")))?;
+        fcntl(
+            fd.as_raw_fd(),
+            FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW),
+        )
+        .map_err(|e| Error::Shm(format!("sealing the shared buffer: {e}")))?;
         Self::from_fd(fd, name)
     }
 
@@ -80,7 +90,10 @@ impl Mapping {
 
     /// Base address (null when empty).
     pub fn base(&self) -> *mut u8 {
-        self.map.as_ref().map(|m| m.as_mut_ptr()).unwrap_or(std::ptr::null_mut())
+        self.map
+            .as_ref()
+            .map(|m| m.as_mut_ptr())
+            .unwrap_or(std::ptr::null_mut())
     }
 
     /// Whether `[ptr, ptr+len)` lies inside this mapping; its offset if so.
@@ -110,7 +123,11 @@ impl Mapping {
             let _ = m.advise(memmap2::Advice::WillNeed);
             // SAFETY: the range is exactly this live mapping; MADV_POPULATE_WRITE only faults pages in.
             unsafe {
-                nix::libc::madvise(m.as_mut_ptr() as *mut _, m.len(), 23 /* MADV_POPULATE_WRITE */);
+                nix::libc::madvise(
+                    m.as_mut_ptr() as *mut _,
+                    m.len(),
+                    23, /* MADV_POPULATE_WRITE */
+                );
             }
         }
     }
@@ -128,11 +145,21 @@ impl Mapping {
     }
 
     /// Copies `dst.len()` bytes from `offset` out, hashing each chunk right after copying it.
-    pub fn read_hashed(&self, offset: u64, dst: &mut [u8], seed: u64, out: &mut [u64]) -> Result<()> {
+    pub fn read_hashed(
+        &self,
+        offset: u64,
+        dst: &mut [u8],
+        seed: u64,
+        out: &mut [u64],
+    ) -> Result<()> {
         let src = self.check(offset, dst.len() as u64)?;
         // SAFETY: as in `write_hashed`; the bytes are copied into private memory before use.
         let s = unsafe { std::slice::from_raw_parts(src, dst.len()) };
-        for ((d, c), h) in dst.chunks_mut(checksum::CHUNK).zip(s.chunks(checksum::CHUNK)).zip(out.iter_mut()) {
+        for ((d, c), h) in dst
+            .chunks_mut(checksum::CHUNK)
+            .zip(s.chunks(checksum::CHUNK))
+            .zip(out.iter_mut())
+        {
             d.copy_from_slice(c);
             *h = checksum::chunk_hash(seed, d);
         }
@@ -202,7 +229,12 @@ pub(crate) struct ShmInner {
 
 impl ShmBuffer {
     pub(crate) fn new(map: Mapping) -> Self {
-        Self { inner: Arc::new(ShmInner { map, reg: parking_lot::Mutex::new(None) }) }
+        Self {
+            inner: Arc::new(ShmInner {
+                map,
+                reg: parking_lot::Mutex::new(None),
+            }),
+        }
     }
 
     pub fn len(&self) -> usize {

@@ -40,7 +40,11 @@ impl Staging {
         if capacity > 0 {
             free.insert(0, capacity);
         }
-        Arc::new(Self { capacity, free: Mutex::new(free), freed: Notify::new() })
+        Arc::new(Self {
+            capacity,
+            free: Mutex::new(free),
+            freed: Notify::new(),
+        })
     }
 
     pub fn capacity(&self) -> u64 {
@@ -59,7 +63,12 @@ impl Staging {
         loop {
             let notified = self.freed.notified();
             if let Some(offset) = self.try_take(held) {
-                return Ok(Window { pool: self.clone(), offset, len, held });
+                return Ok(Window {
+                    pool: self.clone(),
+                    offset,
+                    len,
+                    held,
+                });
             }
             notified.await;
         }

@@ -36,8 +36,8 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const MAX_FRAME: u32 = crate::frame::DEFAULT_MAX_LENGTH;
 
 /// Default and minimum staging area per connection.
-pub const DEFAULT_STAGING: u64 = 256 << 20;
-pub const MIN_STAGING: u64 = 64 << 20;
+pub const DEFAULT_STAGING: u64 = 64 << 20;
+pub const MIN_STAGING: u64 = 16 << 20;
 
 /// Values up to this size may travel inline in frames.
 pub const MAX_INLINE: u64 = 1 << 20;

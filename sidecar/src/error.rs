@@ -12,6 +12,18 @@ pub enum Error {
     Config(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    #[error("state file {path}: {reason}")]
+    StateFile { path: String, reason: String },
+    #[error("metad: {0}")]
+    Metad(String),
+    #[error("socket {path}: {reason}")]
+    Socket { path: String, reason: String },
+    #[error("{what}: {source}")]
+    Os {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("segment {name}: {op}: {source}")]
     SegmentSys {
         name: String,
@@ -83,5 +95,11 @@ impl Error {
             Error::Refused { status, .. } => Some(*status),
             _ => None,
         }
+    }
+}
+
+impl Error {
+    pub fn metad(e: regolith_proto::Error) -> Self {
+        Error::Metad(e.to_string())
     }
 }

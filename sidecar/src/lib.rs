@@ -8,14 +8,29 @@
 //! * [`transport`] — the data plane: the [`transport::Transport`] trait, transport-independent
 //!   slicing and NIC-pair scheduling, the connection pool, per-NIC counters, and
 //!   [`transport::tcp`], the TCP implementation (server and client).
+//! * [`tracker`] — reservations in flight on this segment: admission, heartbeat reports,
+//!   fencing and release of quarantined ones.
+//! * [`node`] — the running sidecar: identity, mount, heartbeats, remote transfers.
+//! * [`uds`] — the UDS server: hello with memfds, puts, gets, key operations.
+//! * [`http`] — `/metrics`, `/health`, `/ready`, `/status`; [`metrics`] — the Prometheus set.
+//! * [`args`] — flags, TOML, environment; [`state_file`] — the node's persistent identity.
+//! * [`run`] — the process entry point.
 //! * [`error`] — the crate's error enum.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod args;
 pub mod error;
+pub mod http;
 pub mod mem;
+pub mod metrics;
+pub mod node;
+pub mod run;
 pub mod segment;
+pub mod state_file;
+pub mod tracker;
 pub mod transport;
+pub mod uds;
 
 pub use error::{Error, Result};

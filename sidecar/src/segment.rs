@@ -41,6 +41,10 @@ pub struct SegmentOptions {
     pub huge_pages: HugePages,
     /// Populate the page tables at creation (in parallel) so that no access faults later.
     pub prefault: bool,
+    /// Allocate the pages at creation (`fallocate`: memory charged up front, no SIGBUS ever).
+    /// Off for staging areas, which are sized generously and touched only as far as used: the
+    /// file is only sized (`ftruncate`), pages come on first touch.
+    pub allocate: bool,
 }
 
 impl Default for SegmentOptions {
@@ -48,6 +52,7 @@ impl Default for SegmentOptions {
         Self {
             huge_pages: HugePages::Auto,
             prefault: true,
+            allocate: true,
         }
     }
 }
@@ -99,6 +104,10 @@ impl Segment {
             })?;
         let (fd, len, pages) = if size == 0 {
             (new_memfd(name, &cname, false)?, 0, PageKind::Normal)
+        } else if !opts.allocate {
+            let fd = new_memfd(name, &cname, false)?;
+            nix::unistd::ftruncate(&fd, size as i64).map_err(|e| sys(name, "ftruncate", e))?;
+            (fd, size, PageKind::Normal)
         } else {
             allocate(name, &cname, size, opts.huge_pages)?
         };
@@ -496,6 +505,7 @@ mod tests {
             &SegmentOptions {
                 huge_pages: HugePages::Auto,
                 prefault: true,
+                allocate: true,
             },
         )
         .unwrap();

@@ -507,6 +507,7 @@ async fn huge_page_segment_when_available() {
     let opts = SegmentOptions {
         huge_pages: HugePages::Require,
         prefault: true,
+        allocate: true,
     };
     let seg = match Segment::create("huge", 8 * MIB as u64, &opts) {
         Ok(s) => Arc::new(s),

@@ -1,0 +1,374 @@
+//! regolith-e2e: a loopback cluster of real processes for end-to-end tests.
+//!
+//! * [`Cluster`] — three (or more) `regolith-metad` replicas and N `regolith-sidecar`s, each
+//!   sidecar with two NIC addresses of its own in 127.0.0.0/8, a cluster token, temp dirs; kill,
+//!   restart, `/metrics` and `/status` of every process. Everything it starts it kills on drop.
+//! * The processes are this crate's thin binaries (`e2e-metad`, `e2e-sidecar`), which call the
+//!   daemons' library entry points, so `cargo test -p regolith-e2e` builds what it runs.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use regolith_client::{Client, ClientConfig};
+use regolith_proto::client::{ClientConfig as MetadConfig, MetadClient};
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A minimal HTTP GET over a plain socket.
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// Value of a Prometheus sample line `name{labels} value` (first match of `prefix`).
+pub fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+pub struct Proc {
+    pub child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        if let Some(c) = &self.child {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+}
+
+pub struct MetadProc {
+    pub id: u64,
+    pub grpc: String,
+    pub http: String,
+    pub dir: PathBuf,
+    pub proc: Proc,
+}
+
+pub struct SidecarProc {
+    pub name: String,
+    pub nics: Vec<String>,
+    pub data_port: u16,
+    pub socket: PathBuf,
+    pub http: String,
+    pub state_dir: PathBuf,
+    pub segment_size: String,
+    pub extra: Vec<String>,
+    pub proc: Proc,
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub metad: Vec<MetadProc>,
+    pub sidecars: Vec<SidecarProc>,
+    pub token_file: PathBuf,
+    pub metad_bin: PathBuf,
+    pub sidecar_bin: PathBuf,
+}
+
+/// Where a sidecar's two loopback NICs live: 127.0.<base+i>.1 and .2.
+fn nic_ips(i: usize) -> Vec<String> {
+    let b = 100 + i;
+    vec![format!("127.0.{b}.1"), format!("127.0.{b}.2")]
+}
+
+impl Cluster {
+    /// Three metad replicas and one sidecar per entry of `segment_sizes` (e.g. "256MiB", "0").
+    pub fn start(metad_bin: &str, sidecar_bin: &str, segment_sizes: &[&str]) -> Self {
+        Self::start_with(metad_bin, sidecar_bin, segment_sizes, &[], &[])
+    }
+
+    pub fn start_with(
+        metad_bin: &str,
+        sidecar_bin: &str,
+        segment_sizes: &[&str],
+        metad_extra: &[&str],
+        sidecar_extra: &[&str],
+    ) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, format!("e2e-{}\n", rand::random::<u64>())).expect("token");
+        let mut c = Cluster {
+            metad: Vec::new(),
+            sidecars: Vec::new(),
+            token_file,
+            metad_bin: metad_bin.into(),
+            sidecar_bin: sidecar_bin.into(),
+            dir,
+        };
+        for id in 1..=3u64 {
+            c.metad.push(MetadProc {
+                id,
+                grpc: format!("127.0.0.1:{}", free_port()),
+                http: format!("127.0.0.1:{}", free_port()),
+                dir: c.dir.path().join(format!("metad-{id}")),
+                proc: Proc {
+                    child: None,
+                    log: c.dir.path().join(format!("metad-{id}.log")),
+                },
+            });
+        }
+        let peers = c
+            .metad
+            .iter()
+            .map(|m| format!("{}={}", m.id, m.grpc))
+            .collect::<Vec<_>>()
+            .join(",");
+        let extra: Vec<String> = metad_extra.iter().map(|s| s.to_string()).collect();
+        for i in 0..c.metad.len() {
+            c.spawn_metad(i, &peers, &extra);
+        }
+        c.wait_leader(Duration::from_secs(20));
+        for (i, size) in segment_sizes.iter().enumerate() {
+            let name = format!("node-{}", (b'a' + i as u8) as char);
+            c.sidecars.push(SidecarProc {
+                socket: c.dir.path().join(format!("{name}.sock")),
+                http: format!("127.0.0.1:{}", free_port()),
+                state_dir: c.dir.path().join(format!("{name}-state")),
+                nics: nic_ips(i),
+                data_port: free_port(),
+                segment_size: size.to_string(),
+                extra: sidecar_extra.iter().map(|s| s.to_string()).collect(),
+                proc: Proc {
+                    child: None,
+                    log: c.dir.path().join(format!("{name}.log")),
+                },
+                name,
+            });
+            c.start_sidecar(i);
+        }
+        for i in 0..c.sidecars.len() {
+            c.wait_sidecar(i, Duration::from_secs(30));
+        }
+        c
+    }
+
+    fn spawn_metad(&mut self, i: usize, peers: &str, extra: &[String]) {
+        let m = &mut self.metad[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&m.proc.log)
+            .expect("log");
+        let child = Command::new(&self.metad_bin)
+            .args([
+                "--id",
+                &m.id.to_string(),
+                "--listen",
+                &m.grpc,
+                "--advertise",
+                &m.grpc,
+                "--metrics-addr",
+                &m.http,
+            ])
+            .args(["--peers", peers, "--bootstrap", "--worker-threads", "1"])
+            .arg("--data-dir")
+            .arg(&m.dir)
+            .arg("--cluster-token-file")
+            .arg(&self.token_file)
+            .args(extra)
+            .env("RUST_LOG", "info,regolith_metad=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn metad");
+        m.proc.child = Some(child);
+    }
+
+    pub fn metad_addrs(&self) -> String {
+        self.metad
+            .iter()
+            .map(|m| m.grpc.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// (Re)starts sidecar `i` with its persistent state dir.
+    pub fn start_sidecar(&mut self, i: usize) {
+        let metad = self.metad_addrs();
+        let s = &mut self.sidecars[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&s.proc.log)
+            .expect("log");
+        let mut cmd = Command::new(&self.sidecar_bin);
+        cmd.args([
+            "--node-name",
+            &s.name,
+            "--metad",
+            &metad,
+            "--segment-size",
+            &s.segment_size,
+        ])
+        .args([
+            "--data-port",
+            &s.data_port.to_string(),
+            "--metrics-addr",
+            &s.http,
+            "--worker-threads",
+            "2",
+        ])
+        .arg("--socket")
+        .arg(&s.socket)
+        .arg("--state-dir")
+        .arg(&s.state_dir)
+        .arg("--cluster-token-file")
+        .arg(&self.token_file);
+        for n in &s.nics {
+            cmd.args(["--nic", n]);
+        }
+        cmd.args(&s.extra)
+            .env("RUST_LOG", "info,regolith_sidecar=debug")
+            .stdout(Stdio::null())
+            .stderr(log);
+        s.proc.child = Some(cmd.spawn().expect("spawn sidecar"));
+    }
+
+    /// Waits until sidecar `i` accepts clients.
+    pub fn wait_sidecar(&mut self, i: usize, timeout: Duration) {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if std::os::unix::net::UnixStream::connect(&self.sidecars[i].socket).is_ok() {
+                return;
+            }
+            if !self.sidecars[i].proc.is_running() {
+                self.dump_logs();
+                panic!("sidecar {} exited during start-up", self.sidecars[i].name);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.dump_logs();
+        panic!(
+            "sidecar {} did not serve within {timeout:?}",
+            self.sidecars[i].name
+        );
+    }
+
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(&self.token_file)
+            .expect("token")
+            .trim()
+            .to_string()
+    }
+
+    pub fn metad_client(&self) -> MetadClient {
+        let mut cfg = MetadConfig::new(self.metad.iter().map(|m| m.grpc.clone()).collect());
+        cfg.token = Some(self.token());
+        cfg.retry_deadline = Duration::from_secs(20);
+        MetadClient::new(cfg).expect("metad client")
+    }
+
+    pub fn client(&self, i: usize) -> Client {
+        Client::connect(ClientConfig::new(&self.sidecars[i].socket)).expect("connect to sidecar")
+    }
+
+    pub fn socket(&self, i: usize) -> &Path {
+        &self.sidecars[i].socket
+    }
+
+    pub fn sidecar_metrics(&self, i: usize) -> String {
+        http_get(&self.sidecars[i].http, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default()
+    }
+
+    pub fn metad_status(&self, i: usize) -> Option<serde_json::Value> {
+        let (code, body) = http_get(&self.metad[i].http, "/status").ok()?;
+        (code == 200)
+            .then(|| serde_json::from_str(&body).ok())
+            .flatten()
+    }
+
+    /// Index (into `metad`) of the ready leader.
+    pub fn wait_leader(&self, timeout: Duration) -> usize {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            for i in 0..self.metad.len() {
+                if self.metad[i].proc.child.is_none() {
+                    continue;
+                }
+                if let Some(s) = self.metad_status(i) {
+                    if s["role"] == "leader" && s["leader_ready"] == true {
+                        return i;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.dump_logs();
+        panic!("no metad leader within {timeout:?}");
+    }
+
+    pub fn dump_logs(&self) {
+        let procs = self
+            .metad
+            .iter()
+            .map(|m| (format!("metad-{}", m.id), &m.proc.log))
+            .chain(self.sidecars.iter().map(|s| (s.name.clone(), &s.proc.log)));
+        for (name, log) in procs {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!("----- {name} (last 30 lines) -----");
+            for l in &lines[lines.len().saturating_sub(30)..] {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for s in &mut self.sidecars {
+            s.proc.kill();
+        }
+        for m in &mut self.metad {
+            m.proc.kill();
+        }
+    }
+}

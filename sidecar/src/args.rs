@@ -1,0 +1,413 @@
+//! Flags of `regolith-sidecar` (clap), the optional TOML file (`--config`) and `REGOLITH_*`
+//! environment variables. Precedence: flag, then environment, then file, then default.
+//! Mooncake's spellings are accepted where they mean the same (`--global_segment_size`,
+//! `--master_server_address`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use regolith_proto::units::{parse_duration, parse_size};
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::segment::HugePages;
+
+#[derive(Parser, Debug, Default, Clone)]
+#[command(
+    name = "regolith-sidecar",
+    version,
+    about = "Regolith's per-node sidecar: owns the node's memory segment"
+)]
+pub struct Args {
+    /// Persistent name of this node (default: the host name).
+    #[arg(long, env = "REGOLITH_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Where the node's identity (name, id) is kept.
+    #[arg(long, env = "REGOLITH_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Memory this node contributes, e.g. 20GiB (0: a consumer-only node).
+    #[arg(long, alias = "global_segment_size", env = "REGOLITH_SEGMENT_SIZE")]
+    pub segment_size: Option<String>,
+    /// metad replicas, HOST:PORT,HOST:PORT,...
+    #[arg(long, alias = "master_server_address", env = "REGOLITH_METAD")]
+    pub metad: Option<String>,
+    #[arg(long, env = "REGOLITH_CLUSTER_TOKEN_FILE")]
+    pub cluster_token_file: Option<PathBuf>,
+    /// Data-plane address of one NIC (repeatable).
+    #[arg(long = "nic", env = "REGOLITH_NIC", value_delimiter = ',')]
+    pub nics: Vec<String>,
+    #[arg(long, env = "REGOLITH_DATA_PORT")]
+    pub data_port: Option<u16>,
+    /// Slice size of transfers (a multiple of 64 KiB), e.g. 1MiB.
+    #[arg(long, env = "REGOLITH_SLICE_SIZE")]
+    pub slice_size: Option<String>,
+    /// Connections per (local NIC, remote NIC) pair.
+    #[arg(long, env = "REGOLITH_CONNS_PER_NIC_PAIR")]
+    pub conns_per_nic_pair: Option<usize>,
+    /// The Unix socket local clients connect to.
+    #[arg(long, env = "REGOLITH_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// Group owning the socket (mode 0660): every process of this group can use the cache.
+    #[arg(long, env = "REGOLITH_SOCKET_GROUP")]
+    pub socket_group: Option<String>,
+    /// HTTP address of /metrics, /health, /status.
+    #[arg(long, env = "REGOLITH_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
+    /// Drain this node (no new placements) before unmounting on SIGTERM.
+    #[arg(long, env = "REGOLITH_DRAIN_ON_EXIT")]
+    pub drain_on_exit: bool,
+    /// How long a drain on exit may take.
+    #[arg(long, env = "REGOLITH_DRAIN_TIMEOUT")]
+    pub drain_timeout: Option<String>,
+    /// Default staging area per client connection, e.g. 64MiB.
+    #[arg(long, env = "REGOLITH_STAGING_SIZE")]
+    pub staging_size: Option<String>,
+    /// Requests one client connection may have in flight.
+    #[arg(long, env = "REGOLITH_MAX_IN_FLIGHT")]
+    pub max_in_flight: Option<u32>,
+    /// Time limit of one transfer, e.g. 30s.
+    #[arg(long, env = "REGOLITH_TRANSFER_TIMEOUT")]
+    pub transfer_timeout: Option<String>,
+    /// `auto`, `never` or `require`.
+    #[arg(long, env = "REGOLITH_HUGE_PAGES")]
+    pub huge_pages: Option<String>,
+    /// Runtime worker threads (default: one per core).
+    #[arg(long, env = "REGOLITH_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
+    /// TOML file with any of these settings (keys are the flag names with `_`).
+    #[arg(long, env = "REGOLITH_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[arg(long, env = "REGOLITH_LOG_FORMAT")]
+    pub log_format: Option<String>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub node_name: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub segment_size: Option<String>,
+    pub metad: Option<String>,
+    pub cluster_token_file: Option<PathBuf>,
+    pub nic: Option<Vec<String>>,
+    pub data_port: Option<u16>,
+    pub slice_size: Option<String>,
+    pub conns_per_nic_pair: Option<usize>,
+    pub socket: Option<PathBuf>,
+    pub socket_group: Option<String>,
+    pub metrics_addr: Option<String>,
+    pub drain_on_exit: Option<bool>,
+    pub drain_timeout: Option<String>,
+    pub staging_size: Option<String>,
+    pub max_in_flight: Option<u32>,
+    pub transfer_timeout: Option<String>,
+    pub huge_pages: Option<String>,
+    pub worker_threads: Option<usize>,
+    pub log_format: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub node_name: String,
+    pub state_dir: PathBuf,
+    pub segment_size: u64,
+    pub metad: Vec<String>,
+    pub token: Option<String>,
+    pub nics: Vec<IpAddr>,
+    pub data_port: u16,
+    pub slice_size: u32,
+    pub conns_per_nic_pair: usize,
+    pub socket: PathBuf,
+    pub socket_group: Option<String>,
+    pub metrics_addr: SocketAddr,
+    pub drain_on_exit: bool,
+    pub drain_timeout: Duration,
+    pub staging_size: u64,
+    pub max_in_flight: u32,
+    pub transfer_timeout: Duration,
+    pub huge_pages: HugePages,
+    pub worker_threads: Option<usize>,
+    pub verbose: u8,
+    pub json_logs: bool,
+}
+
+fn cfg(msg: String) -> Error {
+    Error::Config(msg)
+}
+
+fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Rewrites Mooncake's `-v=N` into N `-v` flags.
+pub fn normalize_argv(argv: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for a in argv {
+        match a.strip_prefix("-v=").or_else(|| a.strip_prefix("--v=")) {
+            Some(n) => out.extend(std::iter::repeat_n(
+                "-v".to_string(),
+                n.parse::<usize>().unwrap_or(1).min(4),
+            )),
+            None => out.push(a),
+        }
+    }
+    out
+}
+
+/// A NIC address: an IP, optionally with a port (the port must then equal --data-port).
+fn parse_nic(s: &str) -> Result<(IpAddr, Option<u16>)> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Ok((ip, None));
+    }
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        return Ok((sa.ip(), Some(sa.port())));
+    }
+    Err(cfg(format!(
+        "--nic {s:?}: expected an IP address (optionally IP:PORT)"
+    )))
+}
+
+impl Args {
+    pub fn resolve(self) -> Result<Settings> {
+        let file: FileConfig = match &self.config {
+            None => FileConfig::default(),
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| cfg(format!("cannot read config file {}: {e}", p.display())))?;
+                toml::from_str(&text)
+                    .map_err(|e| cfg(format!("config file {}: {e}", p.display())))?
+            }
+        };
+        let node_name = self.node_name.or(file.node_name).unwrap_or_else(host_name);
+        if node_name.is_empty()
+            || node_name.len() > 255
+            || node_name.chars().any(|c| c.is_control() || c == '/')
+        {
+            return Err(cfg(format!(
+                "--node-name {node_name:?}: 1..=255 printable characters, no '/'"
+            )));
+        }
+        let size = |flag: &str, v: Option<String>, d: u64| -> Result<u64> {
+            v.map_or(Ok(d), |s| {
+                parse_size(&s).map_err(|e| cfg(format!("--{flag}: {e}")))
+            })
+        };
+        let dur = |flag: &str, v: Option<String>, d: Duration| -> Result<Duration> {
+            v.map_or(Ok(d), |s| {
+                parse_duration(&s).map_err(|e| cfg(format!("--{flag}: {e}")))
+            })
+        };
+        let segment_size = size(
+            "segment-size",
+            self.segment_size.or(file.segment_size),
+            1 << 30,
+        )?;
+        let metad_list = self
+            .metad
+            .or(file.metad)
+            .ok_or_else(|| cfg("--metad HOST:PORT[,HOST:PORT...] is required".into()))?;
+        let metad = regolith_proto::client::parse_addrs(&metad_list)
+            .map_err(|e| cfg(format!("--metad: {e}")))?;
+        let token = match self.cluster_token_file.or(file.cluster_token_file) {
+            Some(p) => {
+                Some(regolith_proto::auth::read_token_file(&p).map_err(|e| cfg(e.to_string()))?)
+            }
+            None => None,
+        };
+        let data_port = self.data_port.or(file.data_port).unwrap_or(7600);
+        let nic_args = if self.nics.is_empty() {
+            file.nic.unwrap_or_default()
+        } else {
+            self.nics
+        };
+        let mut nics = Vec::new();
+        for n in &nic_args {
+            let (ip, port) = parse_nic(n)?;
+            if port.is_some_and(|p| p != data_port) {
+                return Err(cfg(format!(
+                    "--nic {n}: its port differs from --data-port {data_port}"
+                )));
+            }
+            if !nics.contains(&ip) {
+                nics.push(ip);
+            }
+        }
+        if nics.is_empty() {
+            nics.push(IpAddr::from([127, 0, 0, 1]));
+        }
+        let slice = size("slice-size", self.slice_size.or(file.slice_size), 1 << 20)?;
+        let chunk = regolith_proto::checksum::CHUNK as u64;
+        if slice == 0
+            || slice % chunk != 0
+            || slice > regolith_proto::dataplane::MAX_SLICE_LEN as u64
+        {
+            return Err(cfg(format!(
+                "--slice-size {slice}: must be a multiple of {chunk} bytes, at most {}",
+                regolith_proto::dataplane::MAX_SLICE_LEN
+            )));
+        }
+        let conns = self
+            .conns_per_nic_pair
+            .or(file.conns_per_nic_pair)
+            .unwrap_or(2);
+        if conns == 0 || conns > 64 {
+            return Err(cfg(format!("--conns-per-nic-pair {conns}: must be 1..=64")));
+        }
+        let metrics_addr: SocketAddr = self
+            .metrics_addr
+            .or(file.metrics_addr)
+            .unwrap_or_else(|| "0.0.0.0:9300".into())
+            .parse()
+            .map_err(|_| cfg("--metrics-addr: expected IP:PORT".into()))?;
+        let staging_size = size(
+            "staging-size",
+            self.staging_size.or(file.staging_size),
+            regolith_proto::uds::DEFAULT_STAGING,
+        )?
+        .max(regolith_proto::uds::MIN_STAGING);
+        let huge_pages = match self
+            .huge_pages
+            .or(file.huge_pages)
+            .as_deref()
+            .unwrap_or("auto")
+        {
+            "auto" => HugePages::Auto,
+            "never" => HugePages::Never,
+            "require" => HugePages::Require,
+            other => {
+                return Err(cfg(format!(
+                    "--huge-pages {other:?}: auto, never or require"
+                )))
+            }
+        };
+        let json_logs = match self
+            .log_format
+            .or(file.log_format)
+            .as_deref()
+            .unwrap_or("text")
+        {
+            "text" => false,
+            "json" => true,
+            other => return Err(cfg(format!("--log-format {other:?}: text or json"))),
+        };
+        let max_in_flight = self.max_in_flight.or(file.max_in_flight).unwrap_or(256);
+        if max_in_flight == 0 {
+            return Err(cfg("--max-in-flight must be at least 1".into()));
+        }
+        Ok(Settings {
+            state_dir: self
+                .state_dir
+                .or(file.state_dir)
+                .unwrap_or_else(|| PathBuf::from("/var/lib/regolith/sidecar")),
+            node_name,
+            segment_size,
+            metad,
+            token,
+            nics,
+            data_port,
+            slice_size: slice as u32,
+            conns_per_nic_pair: conns,
+            socket: self
+                .socket
+                .or(file.socket)
+                .unwrap_or_else(|| PathBuf::from("/run/regolith/sidecar.sock")),
+            socket_group: self.socket_group.or(file.socket_group),
+            metrics_addr,
+            drain_on_exit: self.drain_on_exit || file.drain_on_exit.unwrap_or(false),
+            drain_timeout: dur(
+                "drain-timeout",
+                self.drain_timeout.or(file.drain_timeout),
+                Duration::from_secs(60),
+            )?,
+            staging_size,
+            max_in_flight,
+            transfer_timeout: dur(
+                "transfer-timeout",
+                self.transfer_timeout.or(file.transfer_timeout),
+                Duration::from_secs(30),
+            )?,
+            huge_pages,
+            worker_threads: match self.worker_threads.or(file.worker_threads) {
+                Some(0) => return Err(cfg("--worker-threads must be at least 1".into())),
+                n => n,
+            },
+            verbose: self.verbose,
+            json_logs,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Settings> {
+        let argv = normalize_argv(
+            std::iter::once("regolith-sidecar")
+                .chain(args.iter().copied())
+                .map(String::from),
+        );
+        Args::try_parse_from(argv)
+            .map_err(|e| Error::Config(e.to_string()))?
+            .resolve()
+    }
+
+    #[test]
+    fn mooncake_spellings_and_defaults() {
+        let s = parse(&[
+            "--master_server_address",
+            "127.0.0.1:50051",
+            "--global_segment_size",
+            "2GiB",
+            "-v=1",
+        ])
+        .unwrap();
+        assert_eq!(s.segment_size, 2 << 30);
+        assert_eq!(s.metad, vec!["127.0.0.1:50051".to_string()]);
+        assert_eq!(s.data_port, 7600);
+        assert_eq!(s.metrics_addr.port(), 9300);
+        assert_eq!(s.verbose, 1);
+        assert_eq!(s.socket, PathBuf::from("/run/regolith/sidecar.sock"));
+        let s = parse(&[
+            "--metad",
+            "h:1",
+            "--nic",
+            "127.0.0.2",
+            "--nic",
+            "127.0.0.3:7600",
+            "--segment-size",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(s.nics.len(), 2);
+        assert_eq!(s.segment_size, 0);
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        for (args, flag) in [
+            (vec!["--metad", "h:1", "--slice-size", "100"], "slice-size"),
+            (vec!["--metad", "h:1", "--nic", "nonsense"], "--nic"),
+            (
+                vec!["--metad", "h:1", "--segment-size", "lots"],
+                "segment-size",
+            ),
+            (vec!["--segment-size", "1GiB"], "--metad"),
+            (
+                vec!["--metad", "h:1", "--huge-pages", "maybe"],
+                "huge-pages",
+            ),
+        ] {
+            let e = parse(&args).unwrap_err().to_string();
+            assert!(e.contains(flag), "{args:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! `/metrics` (Prometheus), `/health` and `/status` (JSON) on `--metrics-addr` (hyper 1).
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+use crate::node::Sidecar;
+
+fn reply(code: StatusCode, ctype: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(code)
+        .header("content-type", ctype)
+        .body(Full::new(body.into()))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// The `/status` document.
+pub fn status_json(side: &Sidecar) -> serde_json::Value {
+    let (term, leader) = *side.leader.lock();
+    serde_json::json!({
+        "node_name": side.settings.node_name,
+        "node_id": side.node_id(),
+        "generation": side.tracker.generation(),
+        "segment_size": side.segment.len(),
+        "segment_used": side.segment_used.load(Ordering::Relaxed),
+        "clients": side.clients.load(Ordering::Relaxed),
+        "data_addrs": side.data_addrs,
+        "socket": side.settings.socket.display().to_string(),
+        "metad_term": term,
+        "metad_leader": leader,
+        "highest_term_seen": side.tracker.highest_term(),
+        "instance_id": side.instance_id,
+        "puts": side.puts.load(Ordering::Relaxed),
+        "gets": side.gets.load(Ordering::Relaxed),
+        "checksum_mismatches": side.metrics.checksum_mismatches.get(),
+    })
+}
+
+fn refresh(side: &Sidecar) {
+    for n in side.transport_stats.snapshot() {
+        let nic = n.addr.to_string();
+        side.metrics
+            .nic_bytes_in
+            .with_label_values(&[&nic])
+            .set(n.bytes_in as i64);
+        side.metrics
+            .nic_bytes_out
+            .with_label_values(&[&nic])
+            .set(n.bytes_out as i64);
+        side.metrics
+            .nic_retries
+            .with_label_values(&[&nic])
+            .set(n.retries as i64);
+        side.metrics
+            .nic_failed_conns
+            .with_label_values(&[&nic])
+            .set(n.failed_conns as i64);
+    }
+}
+
+fn route(side: &Sidecar, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
+    }
+    match req.uri().path() {
+        "/metrics" => {
+            refresh(side);
+            reply(
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                side.metrics.render(),
+            )
+        }
+        "/health" => reply(StatusCode::OK, "text/plain", "ok\n"),
+        "/ready" => {
+            if side.shutting_down.load(Ordering::Relaxed) {
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "shutting down\n",
+                )
+            } else {
+                reply(StatusCode::OK, "text/plain", "ready\n")
+            }
+        }
+        "/status" => reply(
+            StatusCode::OK,
+            "application/json",
+            status_json(side).to_string(),
+        ),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "endpoints: /metrics /health /ready /status\n",
+        ),
+    }
+}
+
+pub async fn serve(
+    side: Arc<Sidecar>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let addr = side.settings.metrics_addr;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Bind { addr, source: e })?;
+    tracing::info!(%addr, "metrics listening");
+    Ok(tokio::spawn(async move {
+        loop {
+            let (stream, _) = tokio::select! {
+                r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
+                _ = shutdown.wait_for(|s| *s) => return,
+            };
+            let side = side.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| {
+                    let side = side.clone();
+                    async move { Ok::<_, Infallible>(route(&side, &req)) }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    }))
+}

@@ -1,0 +1,195 @@
+//! Prometheus metrics of the sidecar (names in docs/sidecar.md). Gauges mirroring state and the
+//! per-NIC counters of the transport are refreshed when `/metrics` is scraped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+use crate::transport::{TransferEvent, TransferObserver};
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub ops: IntCounterVec,
+    pub op_errors: IntCounterVec,
+    pub op_seconds: HistogramVec,
+    pub transfer_seconds: HistogramVec,
+    pub transfer_bytes: IntCounterVec,
+    pub nic_bytes_in: IntGaugeVec,
+    pub nic_bytes_out: IntGaugeVec,
+    pub nic_retries: IntGaugeVec,
+    pub nic_failed_conns: IntGaugeVec,
+    pub checksum_mismatches: IntCounter,
+    pub clients: IntGauge,
+    pub segment_bytes: IntGauge,
+    pub segment_used_bytes: IntGauge,
+    pub generation: IntGauge,
+    pub metad_term: IntGauge,
+    pub heartbeat_failures: IntCounter,
+    pub remounts: IntCounter,
+    pub put_bytes: IntCounter,
+    pub get_bytes: IntCounter,
+    pub uds_bad_frames: IntCounter,
+}
+
+fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
+    r.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let r = Registry::new();
+        let lat = vec![
+            0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+            0.25, 0.5, 1.0, 5.0,
+        ];
+        let cv = |name: &str, help: &str, labels: &[&str]| {
+            reg(
+                &r,
+                IntCounterVec::new(Opts::new(format!("regolith_sidecar_{name}"), help), labels)
+                    .expect("valid"),
+            )
+        };
+        let gv = |name: &str, help: &str, labels: &[&str]| {
+            reg(
+                &r,
+                IntGaugeVec::new(Opts::new(format!("regolith_sidecar_{name}"), help), labels)
+                    .expect("valid"),
+            )
+        };
+        let g = |name: &str, help: &str| {
+            reg(
+                &r,
+                IntGauge::new(format!("regolith_sidecar_{name}"), help).expect("valid"),
+            )
+        };
+        let c = |name: &str, help: &str| {
+            reg(
+                &r,
+                IntCounter::new(format!("regolith_sidecar_{name}"), help).expect("valid"),
+            )
+        };
+        Arc::new(Self {
+            ops: cv("ops_total", "Client requests by operation", &["op"]),
+            op_errors: cv(
+                "op_errors_total",
+                "Client request items that failed, by operation and code",
+                &["op", "code"],
+            ),
+            op_seconds: reg(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new("regolith_sidecar_op_seconds", "Client request latency")
+                        .buckets(lat.clone()),
+                    &["op"],
+                )
+                .expect("valid"),
+            ),
+            transfer_seconds: reg(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "regolith_sidecar_transfer_seconds",
+                        "Data-plane transfer latency (one replica, all slices)",
+                    )
+                    .buckets(lat),
+                    &["kind"],
+                )
+                .expect("valid"),
+            ),
+            transfer_bytes: cv(
+                "transfer_bytes_total",
+                "Data-plane bytes moved by this node's transfers",
+                &["kind"],
+            ),
+            nic_bytes_in: gv(
+                "nic_bytes_in",
+                "Data-plane bytes received per local NIC",
+                &["nic"],
+            ),
+            nic_bytes_out: gv(
+                "nic_bytes_out",
+                "Data-plane bytes sent per local NIC",
+                &["nic"],
+            ),
+            nic_retries: gv(
+                "nic_slice_retries",
+                "Slices retried on another NIC pair, per local NIC",
+                &["nic"],
+            ),
+            nic_failed_conns: gv(
+                "nic_failed_connections",
+                "Data-plane connections that failed, per local NIC",
+                &["nic"],
+            ),
+            checksum_mismatches: c(
+                "checksum_mismatches_total",
+                "Reads whose bytes failed the object checksum (served as misses)",
+            ),
+            clients: g("clients", "Connected local clients"),
+            segment_bytes: g("segment_bytes", "Size of this node's segment"),
+            segment_used_bytes: g(
+                "segment_used_bytes",
+                "Bytes of the segment holding objects (from metad)",
+            ),
+            generation: g("segment_generation", "Mounted generation of the segment"),
+            metad_term: g("metad_term", "Highest metad term seen"),
+            heartbeat_failures: c("heartbeat_failures_total", "Heartbeats that got no answer"),
+            remounts: c(
+                "remounts_total",
+                "Times the segment was mounted again (declared dead or replaced)",
+            ),
+            put_bytes: c(
+                "put_bytes_total",
+                "Bytes of objects put through this sidecar",
+            ),
+            get_bytes: c(
+                "get_bytes_total",
+                "Bytes of objects read through this sidecar",
+            ),
+            uds_bad_frames: c(
+                "uds_bad_requests_total",
+                "UDS requests refused as malformed or unknown",
+            ),
+            registry: r,
+        })
+    }
+
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!(error = %e, "encoding metrics");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    pub fn observe_op(&self, op: &str, took: Duration) {
+        self.ops.with_label_values(&[op]).inc();
+        self.op_seconds
+            .with_label_values(&[op])
+            .observe(took.as_secs_f64());
+    }
+}
+
+/// Feeds transfer events of the data plane into the histograms.
+pub struct Observer(pub Arc<Metrics>);
+
+impl TransferObserver for Observer {
+    fn transfer_done(&self, ev: &TransferEvent) {
+        let kind = format!("{:?}", ev.kind).to_lowercase();
+        self.0
+            .transfer_seconds
+            .with_label_values(&[&kind])
+            .observe(ev.elapsed.as_secs_f64());
+        if ev.ok {
+            self.0
+                .transfer_bytes
+                .with_label_values(&[&kind])
+                .inc_by(ev.bytes);
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! The running sidecar: identity, segment, metad link (mount, heartbeats, remount), and the
+//! transfers it runs for its local clients (writes to remote replicas, reads from them).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use regolith_proto::checksum;
+use regolith_proto::client::{ClientConfig, MetadClient};
+use regolith_proto::metad as mpb;
+
+use crate::args::Settings;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::segment::Segment;
+use crate::state_file::{self, NodeState};
+use crate::tracker::Tracker;
+use crate::transport::tcp::TcpTransport;
+use crate::transport::{DataClient, PeerAddrs, RemoteRange, TransportStats, Version};
+
+/// Heartbeat period (and the cap of the retry back-off).
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
+pub struct Sidecar {
+    pub settings: Settings,
+    pub node_id: AtomicU64,
+    pub segment: Arc<Segment>,
+    pub tracker: Arc<Tracker>,
+    pub metad: MetadClient,
+    /// Short attempts: a heartbeat that waits long on a dead leader misses the node TTL.
+    pub hb_client: MetadClient,
+    pub data: DataClient<TcpTransport>,
+    pub transport_stats: Arc<TransportStats>,
+    pub metrics: Arc<Metrics>,
+    pub instance_id: u64,
+    pub data_addrs: Vec<String>,
+    pub segment_used: AtomicU64,
+    /// (term, leader id) from the last heartbeat reply.
+    pub leader: Mutex<(u64, u64)>,
+    pub clients: AtomicU64,
+    pub next_conn: AtomicU64,
+    pub shutting_down: AtomicBool,
+    pub puts: AtomicU64,
+    pub gets: AtomicU64,
+}
+
+pub fn metad_clients(settings: &Settings) -> Result<(MetadClient, MetadClient)> {
+    let mut cfg = ClientConfig::new(settings.metad.clone());
+    cfg.token = settings.token.clone();
+    let main = MetadClient::new(cfg.clone()).map_err(Error::metad)?;
+    cfg.request_timeout = Duration::from_millis(800);
+    cfg.connect_timeout = Duration::from_millis(500);
+    cfg.retry_deadline = Duration::from_millis(900);
+    let hb = MetadClient::new(cfg).map_err(Error::metad)?;
+    Ok((main, hb))
+}
+
+/// Mounts the segment; returns (node id, generation, term). Retries until metad answers.
+pub async fn mount(
+    metad: &MetadClient,
+    settings: &Settings,
+    node_id_hint: u64,
+    capacity: u64,
+    data_addrs: &[String],
+) -> Result<(u64, u64, u64)> {
+    let req = mpb::MountSegmentRequest {
+        node_name: settings.node_name.clone(),
+        node_id: node_id_hint,
+        capacity,
+        data_addrs: data_addrs.to_vec(),
+    };
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match metad.mount(req.clone()).await {
+            Ok(r) => return Ok((r.node_id, r.generation, r.term)),
+            Err(e)
+                if matches!(
+                    e.code(),
+                    Some(tonic::Code::InvalidArgument | tonic::Code::Unauthenticated)
+                ) =>
+            {
+                return Err(Error::Metad(format!("mount refused: {e}")));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "mount failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(HEARTBEAT);
+            }
+        }
+    }
+}
+
+/// Loads or creates the node's identity file; returns the node id hint for the mount.
+pub fn identity_hint(settings: &Settings) -> Result<u64> {
+    Ok(state_file::load(&settings.state_dir, &settings.node_name)?
+        .map(|s| s.node_id)
+        .unwrap_or(0))
+}
+
+pub fn save_identity(settings: &Settings, node_id: u64) -> Result<()> {
+    state_file::save(
+        &settings.state_dir,
+        &NodeState {
+            node_name: settings.node_name.clone(),
+            node_id,
+        },
+    )
+}
+
+fn peer_of(rep: &mpb::Replica) -> Result<PeerAddrs> {
+    let addrs: Vec<SocketAddr> = rep
+        .data_addrs
+        .iter()
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    if addrs.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "node {} ({}) has no usable data-plane address",
+            rep.node_name, rep.node_id
+        )));
+    }
+    Ok(PeerAddrs {
+        node_id: rep.node_id,
+        addrs,
+    })
+}
+
+/// Pieces of an object range split at the boundaries of the source and destination extents:
+/// (object offset, source offset, destination offset, length). Extents list `(offset, len)` in
+/// object order; only the first `size` bytes count.
+pub fn pieces(src: &[(u64, u64)], dst: &[(u64, u64)], size: u64) -> Vec<(u64, u64, u64, u64)> {
+    let mut out = Vec::new();
+    let (mut si, mut di) = (0usize, 0usize);
+    let (mut s_used, mut d_used) = (0u64, 0u64);
+    let mut obj = 0u64;
+    while obj < size && si < src.len() && di < dst.len() {
+        let s_left = src[si].1 - s_used;
+        let d_left = dst[di].1 - d_used;
+        let n = s_left.min(d_left).min(size - obj);
+        if n == 0 {
+            if s_left == 0 {
+                si += 1;
+                s_used = 0;
+            }
+            if d_left == 0 {
+                di += 1;
+                d_used = 0;
+            }
+            continue;
+        }
+        out.push((obj, src[si].0 + s_used, dst[di].0 + d_used, n));
+        obj += n;
+        s_used += n;
+        d_used += n;
+    }
+    out
+}
+
+/// Where the bytes of a put come from.
+pub enum PutSource<'a> {
+    /// Extents of a mapped memfd (the segment, staging, a registered buffer).
+    Mapped {
+        seg: &'a Segment,
+        extents: Vec<(u64, u64)>,
+    },
+    Inline(&'a [u8]),
+}
+
+impl Sidecar {
+    pub fn node_id(&self) -> u64 {
+        self.node_id.load(Ordering::Acquire)
+    }
+
+    /// Whether a replica is this node's current segment.
+    pub fn is_local(&self, rep: &mpb::Replica) -> bool {
+        rep.node_id == self.node_id()
+            && rep.generation == self.tracker.generation()
+            && self.segment.len() > 0
+    }
+
+    /// Writes the object to one remote replica; fills `hashes` (one per checksum chunk).
+    pub async fn write_replica(
+        &self,
+        rep: &mpb::Replica,
+        version: Version,
+        size: u64,
+        src: &PutSource<'_>,
+        hashes: &mut [u64],
+    ) -> Result<()> {
+        let peer = peer_of(rep)?;
+        let dst: Vec<(u64, u64)> = rep.extents.iter().map(|e| (e.offset, e.len)).collect();
+        let src_ext = match src {
+            PutSource::Mapped { extents, .. } => extents.clone(),
+            PutSource::Inline(b) => vec![(0, b.len() as u64)],
+        };
+        for (obj, s_off, d_off, len) in pieces(&src_ext, &dst, size) {
+            let bytes: &[u8] = match src {
+                // SAFETY: `slice` bounds-checks the range against the mapping, which the caller
+                // keeps alive for this call; the bytes are only read (sent).
+                PutSource::Mapped { seg, .. } => unsafe { seg.slice(s_off, len)? },
+                PutSource::Inline(b) => &b[s_off as usize..(s_off + len) as usize],
+            };
+            let first = (obj / checksum::CHUNK as u64) as usize;
+            let range = RemoteRange {
+                generation: rep.generation,
+                offset: d_off,
+                len,
+            };
+            self.data
+                .write(&peer, range, version, bytes, &mut hashes[first..])
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Reads the object from one replica into `dst` (exactly `size` bytes), filling `hashes`.
+    pub async fn read_replica(
+        &self,
+        rep: &mpb::Replica,
+        version: Version,
+        dst: &mut [u8],
+        hashes: &mut [u64],
+    ) -> Result<()> {
+        let size = dst.len() as u64;
+        let ext: Vec<(u64, u64)> = rep.extents.iter().map(|e| (e.offset, e.len)).collect();
+        if self.is_local(rep) {
+            for (obj, s_off, _, len) in pieces(&ext, &[(0, size)], size) {
+                // SAFETY: bounds-checked view of our own segment, read once into private memory.
+                let src = unsafe { self.segment.slice(s_off, len)? };
+                let first = (obj / checksum::CHUNK as u64) as usize;
+                checksum::copy_and_hash(
+                    version.seed(),
+                    &mut dst[obj as usize..(obj + len) as usize],
+                    src,
+                    &mut hashes[first..],
+                );
+            }
+            return Ok(());
+        }
+        let peer = peer_of(rep)?;
+        for (obj, s_off, _, len) in pieces(&ext, &[(0, size)], size) {
+            let first = (obj / checksum::CHUNK as u64) as usize;
+            let range = RemoteRange {
+                generation: rep.generation,
+                offset: s_off,
+                len,
+            };
+            self.data
+                .read(
+                    &peer,
+                    range,
+                    version,
+                    &mut dst[obj as usize..(obj + len) as usize],
+                    &mut hashes[first..],
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// One heartbeat; returns whether it was answered.
+    pub async fn heartbeat_once(self: &Arc<Self>) -> bool {
+        let req = mpb::HeartbeatRequest {
+            node_id: self.node_id(),
+            generation: self.tracker.generation(),
+            highest_term_seen: self.tracker.highest_term(),
+            in_flight: self
+                .tracker
+                .in_flight()
+                .into_iter()
+                .map(|((term, id), ext)| mpb::InFlight {
+                    version: Some(mpb::Version { term, id }),
+                    extents: ext
+                        .into_iter()
+                        .map(|(offset, len)| mpb::Extent { offset, len })
+                        .collect(),
+                })
+                .collect(),
+            released: self
+                .tracker
+                .released()
+                .into_iter()
+                .map(|(term, id)| mpb::Version { term, id })
+                .collect(),
+            used_bytes: self.segment_used.load(Ordering::Relaxed),
+        };
+        let reply = match self.hb_client.heartbeat(req).await {
+            Ok((r, _)) => r,
+            Err(e) => {
+                self.metrics.heartbeat_failures.inc();
+                tracing::debug!(error = %e, "heartbeat failed");
+                return false;
+            }
+        };
+        self.tracker.observe_term(reply.term);
+        self.metrics
+            .metad_term
+            .set(self.tracker.highest_term() as i64);
+        *self.leader.lock() = (reply.term, reply.leader_id);
+        if reply.remount {
+            self.remount().await;
+            return true;
+        }
+        let q: Vec<(u64, u64)> = reply.quarantined.iter().map(|v| (v.term, v.id)).collect();
+        let released = self.tracker.quarantined(&q);
+        if !released.is_empty() {
+            tracing::debug!(
+                count = released.len(),
+                "quarantined reservations fenced; releasing"
+            );
+        }
+        true
+    }
+
+    /// metad no longer knows our generation (declared dead, or replaced): mount a new one.
+    /// Everything the old generation held is gone from metad's view.
+    async fn remount(self: &Arc<Self>) {
+        tracing::warn!(
+            generation = self.tracker.generation(),
+            "metad does not know this segment generation: mounting a new one"
+        );
+        match mount(
+            &self.metad,
+            &self.settings,
+            self.node_id(),
+            self.segment.len(),
+            &self.data_addrs,
+        )
+        .await
+        {
+            Ok((node, generation, term)) => {
+                self.node_id.store(node, Ordering::Release);
+                self.tracker.set_generation(generation);
+                self.tracker.observe_term(term);
+                self.metrics.generation.set(generation as i64);
+                self.metrics.remounts.inc();
+                tracing::info!(node, generation, "segment mounted again");
+            }
+            Err(e) => tracing::error!(error = %e, "remount failed"),
+        }
+    }
+
+    /// Heartbeats every second until shutdown (retry back-off capped at 1 s); refreshes the
+    /// segment's usage from metad now and then.
+    pub async fn heartbeat_loop(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut last_usage = Instant::now() - Duration::from_secs(60);
+        let mut delay = HEARTBEAT;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+            let ok = self.heartbeat_once().await;
+            delay = if ok {
+                HEARTBEAT
+            } else {
+                Duration::from_millis(200)
+            };
+            if ok && last_usage.elapsed() > Duration::from_secs(5) {
+                last_usage = Instant::now();
+                self.refresh_usage().await;
+            }
+        }
+    }
+
+    async fn refresh_usage(&self) {
+        if let Ok(segs) = self.metad.list_segments().await {
+            if let Some(s) = segs
+                .iter()
+                .find(|s| s.node_id == self.node_id() && s.generation == self.tracker.generation())
+            {
+                self.segment_used.store(s.used, Ordering::Relaxed);
+                self.metrics.segment_used_bytes.set(s.used as i64);
+            }
+        }
+    }
+
+    /// Drain (when asked) and unmount gracefully.
+    pub async fn leave(&self) {
+        if self.settings.drain_on_exit && self.segment.len() > 0 {
+            tracing::info!(timeout = ?self.settings.drain_timeout, "draining before exit");
+            match self
+                .metad
+                .drain(
+                    &self.settings.node_name,
+                    self.settings.drain_timeout.as_millis() as u64,
+                )
+                .await
+            {
+                Ok(_) => {
+                    let end = Instant::now() + self.settings.drain_timeout;
+                    while Instant::now() < end {
+                        let segs = self.metad.list_segments().await.unwrap_or_default();
+                        match segs.iter().find(|s| s.node_id == self.node_id()) {
+                            Some(s) if s.objects > 0 => {
+                                tokio::time::sleep(Duration::from_millis(500)).await
+                            }
+                            _ => break,
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "drain request failed"),
+            }
+        }
+        let req = mpb::UnmountSegmentRequest {
+            node_id: self.node_id(),
+            generation: self.tracker.generation(),
+        };
+        match tokio::time::timeout(Duration::from_secs(5), self.metad.unmount(req)).await {
+            Ok(Ok(r)) => tracing::info!(dropped = r.dropped_objects, "segment unmounted"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "unmount failed (metad will declare the node dead)")
+            }
+            Err(_) => tracing::warn!("unmount timed out (metad will declare the node dead)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_split_at_both_boundaries() {
+        let src = [(1000, 100), (5000, 50)];
+        let dst = [(0, 60), (200, 90)];
+        assert_eq!(
+            pieces(&src, &dst, 150),
+            vec![(0, 1000, 0, 60), (60, 1060, 200, 40), (100, 5000, 240, 50)]
+        );
+        assert_eq!(
+            pieces(&[(0, 1 << 20)], &[(64, 1 << 20)], 10),
+            vec![(0, 0, 64, 10)]
+        );
+        assert_eq!(pieces(&[(0, 10)], &[(0, 10)], 0), vec![]);
+    }
+}

@@ -1,0 +1,254 @@
+//! The process entry point shared by `regolith-sidecar` and the test harnesses' thin binaries.
+//!
+//! Start-up order: identity, segment (allocated and pre-faulted), mount with the metad leader,
+//! data plane on every NIC, heartbeats, HTTP, and only then the UDS socket (it appears once the
+//! sidecar serves). SIGTERM: stop accepting clients, drain when asked, unmount, remove the
+//! socket.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use crate::args::{normalize_argv, Args, Settings};
+use crate::error::{Error, Result};
+use crate::metrics::{Metrics, Observer};
+use crate::node::{self, Sidecar};
+use crate::segment::{Segment, SegmentOptions};
+use crate::tracker::{Tracker, TrackerAdmission};
+use crate::transport::tcp::{ServerConfig, TcpConfig, TcpServer, TcpTransport};
+use crate::transport::{DataClient, StripeConfig, TransportStats};
+
+pub fn init_logging(verbose: u8, json: bool) {
+    let level = match verbose {
+        0 => "info",
+        1 => "info,regolith_sidecar=debug,regolith_proto=debug",
+        _ => "debug,regolith_sidecar=trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        b.json().try_init()
+    } else {
+        b.try_init()
+    };
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}
+
+/// Starts everything and serves until `shutdown` fires.
+pub async fn run(settings: Settings, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+    let hint = node::identity_hint(&settings)?;
+    let segment = tokio::task::spawn_blocking({
+        let (name, size, huge) = (
+            settings.node_name.clone(),
+            settings.segment_size,
+            settings.huge_pages,
+        );
+        move || {
+            Segment::create(
+                &format!("segment-{name}"),
+                size,
+                &SegmentOptions {
+                    huge_pages: huge,
+                    prefault: true,
+                    allocate: true,
+                },
+            )
+        }
+    })
+    .await
+    .map_err(|e| Error::Config(format!("segment task: {e}")))??;
+    let segment = Arc::new(segment);
+    tracing::info!(bytes = segment.len(), pages = ?segment.page_kind(), "segment ready");
+    let data_addrs: Vec<String> = if segment.len() == 0 {
+        Vec::new()
+    } else {
+        settings
+            .nics
+            .iter()
+            .map(|ip| std::net::SocketAddr::new(*ip, settings.data_port).to_string())
+            .collect()
+    };
+    let (metad, hb_client) = node::metad_clients(&settings)?;
+    let (node_id, generation, term) =
+        node::mount(&metad, &settings, hint, segment.len(), &data_addrs).await?;
+    if node_id != hint {
+        tracing::info!(node_id, "node id assigned by metad");
+    }
+    node::save_identity(&settings, node_id)?;
+    tracing::info!(node = %settings.node_name, node_id, generation, "segment mounted");
+    let metrics = Metrics::new();
+    metrics.segment_bytes.set(segment.len() as i64);
+    metrics.generation.set(generation as i64);
+    let transport_stats = TransportStats::with_observer(Arc::new(Observer(metrics.clone())));
+    let tracker = Tracker::new(generation);
+    tracker.observe_term(term);
+    let token = settings.token.as_ref().map(|t| t.as_bytes().to_vec());
+    let server = if segment.len() > 0 {
+        let cfg = ServerConfig {
+            listen: settings
+                .nics
+                .iter()
+                .map(|ip| std::net::SocketAddr::new(*ip, settings.data_port))
+                .collect(),
+            node_id,
+            token: token.clone(),
+            ..ServerConfig::default()
+        };
+        match TcpServer::start(
+            cfg,
+            segment.clone(),
+            Arc::new(TrackerAdmission(tracker.clone())),
+            transport_stats.clone(),
+        )
+        .await
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                unmount_after_failure(&metad, node_id, generation).await;
+                return Err(e);
+            }
+        }
+    } else {
+        None
+    };
+    let transport = TcpTransport::new(
+        TcpConfig {
+            node_id,
+            token,
+            ..TcpConfig::default()
+        },
+        transport_stats.clone(),
+    );
+    let stripe = StripeConfig {
+        local_nics: settings.nics.clone(),
+        conns_per_nic_pair: settings.conns_per_nic_pair,
+        slice_size: settings.slice_size,
+        transfer_timeout: settings.transfer_timeout,
+        ..StripeConfig::default()
+    };
+    let data = DataClient::new(transport, stripe, transport_stats.clone())?;
+    let side = Arc::new(Sidecar {
+        settings: settings.clone(),
+        node_id: AtomicU64::new(node_id),
+        segment,
+        tracker,
+        metad,
+        hb_client,
+        data,
+        transport_stats,
+        metrics,
+        instance_id: rand::random(),
+        data_addrs,
+        segment_used: AtomicU64::new(0),
+        leader: Mutex::new((term, 0)),
+        clients: AtomicU64::new(0),
+        next_conn: AtomicU64::new(1),
+        shutting_down: AtomicBool::new(false),
+        puts: AtomicU64::new(0),
+        gets: AtomicU64::new(0),
+    });
+    side.heartbeat_once().await;
+    let hb = tokio::spawn(side.clone().heartbeat_loop(shutdown.clone()));
+    let http = crate::http::serve(side.clone(), shutdown.clone()).await?;
+    let listener = crate::uds::bind(&settings.socket, settings.socket_group.as_deref())?;
+    tracing::info!(socket = %settings.socket.display(), "serving local clients");
+    let uds = tokio::spawn(crate::uds::serve(side.clone(), listener, shutdown.clone()));
+    let _ = shutdown.wait_for(|s| *s).await;
+    side.shutting_down
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    tracing::info!("shutting down");
+    let _ = std::fs::remove_file(&settings.socket);
+    let _ = uds.await;
+    side.leave().await;
+    let _ = hb.await;
+    if let Some(s) = server {
+        s.shutdown().await;
+    }
+    let _ = http.await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn unmount_after_failure(
+    metad: &regolith_proto::client::MetadClient,
+    node_id: u64,
+    generation: u64,
+) {
+    let req = regolith_proto::metad::UnmountSegmentRequest {
+        node_id,
+        generation,
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(3), metad.unmount(req)).await;
+}
+
+/// Runs `regolith-sidecar` with these arguments (argv[0] included) until SIGTERM/SIGINT.
+pub fn main_with_args(argv: Vec<String>) -> ExitCode {
+    let args = match Args::try_parse_from(normalize_argv(argv)) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let settings = match args.resolve() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("regolith-sidecar: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(settings.verbose, settings.json_logs);
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = settings.worker_threads {
+        b.worker_threads(n);
+    }
+    let rt = match b.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("regolith-sidecar: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async move {
+        let (tx, rx) = watch::channel(false);
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            let _ = tx.send(true);
+        });
+        run(settings, rx).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "regolith-sidecar failed");
+            eprintln!("regolith-sidecar: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! What the sidecar knows about reservations on its own segment (design §4): the data-plane
+//! admission check, the reservations in flight that every heartbeat reports, and the fencing of
+//! quarantined ones.
+//!
+//! * A write slice is admitted only for the current generation, a term not below the highest
+//!   term seen (slices and heartbeat replies raise it), and a reservation not fenced; the term
+//!   and the fence are checked again once the body has arrived.
+//! * Reservations that slices arrived for are remembered (with their extents) until long after
+//!   the writer could still commit them; local clients copying into a reservation are tracked
+//!   by connection. Both are listed in every heartbeat: a new leader holds them as quarantined
+//!   until they are reported released.
+//! * A reservation metad lists as quarantined is fenced at once (no more slices); it is
+//!   reported released once no slice of it is in progress and no local client holds it.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use regolith_proto::dataplane::{Request, Status};
+
+use crate::transport::{Admission, WriteGuard, WriteSlice};
+
+pub type Key = (u64, u64);
+
+/// How long a reservation that received slices is remembered after its last slice.
+pub const REMEMBER: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Default)]
+struct Remote {
+    extents: Vec<(u64, u64)>,
+    active: usize,
+    last: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    fenced: HashSet<Key>,
+    remote: HashMap<Key, Remote>,
+    /// Reservations local clients are copying into: key → (connection, extents).
+    local: HashMap<Key, (u64, Vec<(u64, u64)>)>,
+    /// Fenced and idle: reported as released until metad stops listing them.
+    released: BTreeSet<Key>,
+}
+
+#[derive(Debug)]
+pub struct Tracker {
+    generation: AtomicU64,
+    highest_term: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+impl Tracker {
+    pub fn new(generation: u64) -> Arc<Self> {
+        Arc::new(Self {
+            generation: AtomicU64::new(generation),
+            highest_term: AtomicU64::new(0),
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// A new generation: everything known about the old one is moot (metad dropped it).
+    pub fn set_generation(&self, generation: u64) {
+        self.generation.store(generation, Ordering::Release);
+        let mut g = self.inner.lock();
+        g.remote.clear();
+        g.local.clear();
+        g.fenced.clear();
+        g.released.clear();
+    }
+
+    pub fn highest_term(&self) -> u64 {
+        self.highest_term.load(Ordering::Acquire)
+    }
+
+    pub fn observe_term(&self, term: u64) {
+        self.highest_term.fetch_max(term, Ordering::AcqRel);
+    }
+
+    pub fn track_local(&self, key: Key, conn: u64, extents: Vec<(u64, u64)>) {
+        self.inner.lock().local.insert(key, (conn, extents));
+    }
+
+    pub fn untrack_local(&self, key: Key) {
+        self.inner.lock().local.remove(&key);
+    }
+
+    /// A connection closed: its copies into local reservations are over.
+    pub fn untrack_conn(&self, conn: u64) -> Vec<Key> {
+        let mut g = self.inner.lock();
+        let keys: Vec<Key> = g
+            .local
+            .iter()
+            .filter(|(_, (c, _))| *c == conn)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &keys {
+            g.local.remove(k);
+        }
+        keys
+    }
+
+    pub fn is_fenced(&self, key: Key) -> bool {
+        self.inner.lock().fenced.contains(&key)
+    }
+
+    /// Every reservation in flight on this segment, with its extents (for the heartbeat).
+    pub fn in_flight(&self) -> Vec<(Key, Vec<(u64, u64)>)> {
+        let mut g = self.inner.lock();
+        let now = Instant::now();
+        g.remote
+            .retain(|_, r| r.active > 0 || r.last.is_none_or(|t| now.duration_since(t) < REMEMBER));
+        let mut out: Vec<(Key, Vec<(u64, u64)>)> = g
+            .remote
+            .iter()
+            .map(|(k, r)| (*k, r.extents.clone()))
+            .collect();
+        for (k, (_, ext)) in &g.local {
+            out.push((*k, ext.clone()));
+        }
+        out.sort();
+        out
+    }
+
+    /// Applies metad's list of quarantined reservations on this segment: fences each, and
+    /// returns those that can be reported released now (fenced, nothing in progress).
+    pub fn quarantined(&self, keys: &[Key]) -> Vec<Key> {
+        let mut g = self.inner.lock();
+        let listed: HashSet<Key> = keys.iter().copied().collect();
+        g.released.retain(|k| listed.contains(k));
+        for k in keys {
+            g.fenced.insert(*k);
+            let busy = g.remote.get(k).is_some_and(|r| r.active > 0) || g.local.contains_key(k);
+            if !busy {
+                g.remote.remove(k);
+                g.released.insert(*k);
+            }
+        }
+        g.released.iter().copied().collect()
+    }
+
+    /// Released reservations to report in the next heartbeat.
+    pub fn released(&self) -> Vec<Key> {
+        self.inner.lock().released.iter().copied().collect()
+    }
+
+    fn verdict(&self, term: u64, key: Key) -> Result<(), Status> {
+        if term < self.highest_term() {
+            return Err(Status::StaleTerm);
+        }
+        if self.inner.lock().fenced.contains(&key) {
+            return Err(Status::Fenced);
+        }
+        Ok(())
+    }
+}
+
+struct Guard {
+    tracker: Arc<Tracker>,
+    key: Key,
+    term: u64,
+}
+
+impl WriteSlice for Guard {
+    fn complete(&mut self) -> Result<(), Status> {
+        self.tracker.verdict(self.term, self.key)
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let mut g = self.tracker.inner.lock();
+        if let Some(r) = g.remote.get_mut(&self.key) {
+            r.active = r.active.saturating_sub(1);
+            r.last = Some(Instant::now());
+        }
+    }
+}
+
+/// The data-plane admission check, on a shared tracker.
+#[derive(Clone, Debug)]
+pub struct TrackerAdmission(pub Arc<Tracker>);
+
+impl Admission for TrackerAdmission {
+    fn admit_write(&self, req: &Request) -> Result<WriteGuard, Status> {
+        let t = &self.0;
+        if req.generation != t.generation() {
+            return Err(Status::BadGeneration);
+        }
+        let before = t.highest_term.fetch_max(req.term, Ordering::AcqRel);
+        if req.term < before {
+            return Err(Status::StaleTerm);
+        }
+        let key = (req.term, req.res_id);
+        {
+            let mut g = t.inner.lock();
+            if g.fenced.contains(&key) {
+                return Err(Status::Fenced);
+            }
+            let r = g.remote.entry(key).or_default();
+            let ext = (req.offset, req.len as u64);
+            if !r.extents.contains(&ext) {
+                r.extents.push(ext);
+            }
+            r.active += 1;
+            r.last = Some(Instant::now());
+        }
+        Ok(Box::new(Guard {
+            tracker: t.clone(),
+            key,
+            term: req.term,
+        }))
+    }
+
+    fn admit_read(&self, req: &Request) -> Result<(), Status> {
+        if req.generation == self.0.generation() {
+            Ok(())
+        } else {
+            Err(Status::BadGeneration)
+        }
+    }
+
+    fn highest_term(&self) -> u64 {
+        self.0.highest_term()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use regolith_proto::dataplane::Kind;
+
+    fn write(generation: u64, term: u64, id: u64, offset: u64) -> Request {
+        Request {
+            kind: Kind::Write,
+            req_id: 1,
+            generation,
+            offset,
+            len: 4096,
+            term,
+            res_id: id,
+        }
+    }
+
+    #[test]
+    fn in_flight_fencing_and_release() {
+        let t = Tracker::new(1);
+        let a = TrackerAdmission(t.clone());
+        assert_eq!(
+            a.admit_write(&write(2, 1, 1, 0)).err(),
+            Some(Status::BadGeneration)
+        );
+        let g = a.admit_write(&write(1, 3, 1, 0)).unwrap();
+        t.track_local((3, 2), 9, vec![(8192, 100)]);
+        let inf = t.in_flight();
+        assert_eq!(
+            inf,
+            vec![((3, 1), vec![(0, 4096)]), ((3, 2), vec![(8192, 100)])]
+        );
+        // Quarantined while a slice is in progress and a client copies: fenced, not released.
+        assert!(t.quarantined(&[(3, 1), (3, 2)]).is_empty());
+        assert_eq!(
+            a.admit_write(&write(1, 3, 1, 4096)).err(),
+            Some(Status::Fenced)
+        );
+        drop(g);
+        assert_eq!(t.quarantined(&[(3, 1), (3, 2)]), vec![(3, 1)]);
+        assert_eq!(t.untrack_conn(9), vec![(3, 2)]);
+        assert_eq!(t.quarantined(&[(3, 1), (3, 2)]), vec![(3, 1), (3, 2)]);
+        // metad stopped listing (3, 1): no longer reported.
+        assert_eq!(t.quarantined(&[(3, 2)]), vec![(3, 2)]);
+        // A higher term refuses older slices.
+        t.observe_term(5);
+        assert_eq!(
+            a.admit_write(&write(1, 4, 7, 0)).err(),
+            Some(Status::StaleTerm)
+        );
+        let mut g = a.admit_write(&write(1, 5, 7, 0)).unwrap();
+        t.observe_term(6);
+        assert_eq!(
+            g.complete(),
+            Err(Status::StaleTerm),
+            "a slice of an older term is not finished"
+        );
+    }
+}
