@@ -145,6 +145,42 @@ impl Dest<'_> {
     }
 }
 
+/// Memory lent to one request: a staging window, or a temporary registered buffer for objects
+/// larger than the whole staging area.
+enum Held {
+    Window(Window),
+    Temp(ShmBuffer, u64),
+}
+
+impl Held {
+    fn region(&self, len: u64) -> pb::Region {
+        match self {
+            Held::Window(w) => window(w, len),
+            Held::Temp(_, id) => pb::Region {
+                r#where: Some(pb::region::Where::Shm(pb::ShmWindow {
+                    shm_id: *id,
+                    offset: 0,
+                    len,
+                })),
+            },
+        }
+    }
+
+    fn read(&self, s: &Session, dst: &mut [u8]) -> Result<()> {
+        match self {
+            Held::Window(w) => s.staging.read(w.offset, dst),
+            Held::Temp(b, _) => b.read(0, dst),
+        }
+    }
+
+    fn write_hashed(&self, s: &Session, src: &[u8], seed: u64, hashes: &mut [u64]) -> Result<()> {
+        match self {
+            Held::Window(w) => s.staging.write_hashed(w.offset, src, seed, hashes),
+            Held::Temp(b, _) => b.inner.map.write_hashed(0, src, seed, hashes),
+        }
+    }
+}
+
 pub(crate) struct Session {
     pub id: u64,
     pub conn: Arc<Conn>,
@@ -428,7 +464,7 @@ impl AsyncClient {
         s: &Session,
         t: &pb::PutTicket,
         src: Source<'_>,
-    ) -> Result<(pb::PutCommitItem, Option<Window>)> {
+    ) -> Result<(pb::PutCommitItem, Option<Held>)> {
         let size = src.len();
         let seed = t.checksum_seed;
         let mut hashes = vec![0u64; checksum::chunk_count(size as u64)];
@@ -492,15 +528,35 @@ impl AsyncClient {
                 ))
             }
             Source::Bytes(b) => {
-                let w = s.stage.alloc(b.len() as u64).await?;
-                s.staging.write_hashed(w.offset, b, seed, &mut hashes)?;
+                let held = self.lend(s, b.len() as u64).await?;
+                held.write_hashed(s, b, seed, &mut hashes)?;
                 let item = pb::PutCommitItem {
                     version,
                     checksum: checksum::combine(seed, &hashes),
                     checksum_known: true,
-                    source: Some(window(&w, b.len() as u64)),
+                    source: Some(held.region(b.len() as u64)),
                 };
-                Ok((item, Some(w)))
+                Ok((item, Some(held)))
+            }
+        }
+    }
+
+    /// A staging window of `len` bytes, or a temporary registered buffer when `len` exceeds the
+    /// whole staging area.
+    async fn lend(&self, s: &Session, len: u64) -> Result<Held> {
+        if len <= s.stage.capacity() {
+            return Ok(Held::Window(s.stage.alloc(len).await?));
+        }
+        let buf = ShmBuffer::new(Mapping::create(len.max(1), "large")?);
+        let id = self.registered(s, &buf).await?;
+        Ok(Held::Temp(buf, id))
+    }
+
+    /// Gives lent memory back (temporary buffers are unregistered).
+    async fn give_back(&self, held: Vec<Held>) {
+        for h in held {
+            if let Held::Temp(buf, _) = h {
+                let _ = self.free_buffer(&buf).await;
             }
         }
     }
@@ -540,23 +596,27 @@ impl AsyncClient {
             let r = get_one(&s, item.clone()).await?;
             let code = r.status.as_ref().map(|s| s.code).unwrap_or(0);
             if code == pb::Code::NeedSpace as i32 {
-                let w = s.stage.alloc(r.size).await?;
+                let held = self.lend(&s, r.size).await?;
                 let it = pb::GetItem {
                     key: key.to_string(),
-                    dest: Some(window(&w, r.size)),
+                    dest: Some(held.region(r.size)),
                     local_ok: true,
                     report_mismatch: item.report_mismatch,
                 };
-                let r = get_one(&s, it).await?;
-                return match self.finish_get(&s, key, &r, Some(&w))? {
-                    Finish::Local => {
-                        self.read_local_vec(&s, key, &r)?
-                            .ok_or_else(|| Error::Corrupt {
+                let out = match get_one(&s, it).await {
+                    Ok(r) => match self.finish_get(&s, key, &r, Some(&held)) {
+                        Ok(Finish::Local) => self.read_local_vec(&s, key, &r).and_then(|v| {
+                            v.ok_or_else(|| Error::Corrupt {
                                 key: key.to_string(),
                             })
-                    }
-                    Finish::Done(v) => Ok(v),
+                        }),
+                        Ok(Finish::Done(v)) => Ok(v),
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
                 };
+                self.give_back(vec![held]).await;
+                return out;
             }
             match self.finish_get(&s, key, &r, None)? {
                 Finish::Done(v) => return Ok(v),
@@ -579,7 +639,7 @@ impl AsyncClient {
         s: &Session,
         key: &str,
         r: &pb::GetResult,
-        w: Option<&Window>,
+        w: Option<&Held>,
     ) -> Result<Finish> {
         if let Some(e) = st_err(key, &r.status) {
             return Err(e);
@@ -589,7 +649,9 @@ impl AsyncClient {
         }
         if r.delivered {
             let w = w.ok_or_else(|| Error::Protocol("delivered without a window".into()))?;
-            return Ok(Finish::Done(s.staging.read_vec(w.offset, r.size)?));
+            let mut v = vec![0u8; r.size as usize];
+            w.read(s, &mut v)?;
+            return Ok(Finish::Done(v));
         }
         Ok(Finish::Done(r.data.clone()))
     }
@@ -684,16 +746,20 @@ impl AsyncClient {
         group: &[usize],
         items: &mut [(&str, Dest<'_>)],
     ) -> Vec<Result<usize>> {
-        let mut windows: Vec<Option<Window>> = Vec::with_capacity(group.len());
+        let mut windows: Vec<Option<Held>> = Vec::with_capacity(group.len());
         let mut req = pb::GetRequest {
             items: Vec::with_capacity(group.len()),
         };
         for &i in group {
             let (key, dest) = (&items[i].0, &items[i].1);
             let (region, w) = match dest {
-                Dest::Bytes(b) => match s.stage.alloc(b.len() as u64).await {
-                    Ok(w) => (window(&w, b.len() as u64), Some(w)),
-                    Err(e) => return group.iter().map(|_| Err(clone_err(&e))).collect(),
+                Dest::Bytes(b) => match self.lend(s, b.len() as u64).await {
+                    Ok(h) => (h.region(b.len() as u64), Some(h)),
+                    Err(e) => {
+                        self.give_back(windows.into_iter().flatten().collect())
+                            .await;
+                        return group.iter().map(|_| Err(clone_err(&e))).collect();
+                    }
                 },
                 Dest::Shm { buf, offset, len } => match self.registered(s, buf).await {
                     Ok(shm_id) => (
@@ -777,7 +843,7 @@ impl AsyncClient {
         key: &str,
         r: &pb::GetResult,
         dest: &mut Dest<'_>,
-        w: Option<&Window>,
+        w: Option<&Held>,
     ) -> Result<Option<usize>> {
         if let Some(e) = st_err(key, &r.status) {
             if let Error::Server {
@@ -824,7 +890,7 @@ impl AsyncClient {
                 let w = w.ok_or_else(|| {
                     Error::Protocol("delivered into staging without a window".into())
                 })?;
-                s.staging.read(w.offset, &mut b[..size])?;
+                w.read(s, &mut b[..size])?;
             }
             return Ok(Some(size));
         }

@@ -15,6 +15,23 @@ use std::time::{Duration, Instant};
 use regolith_client::{Client, ClientConfig};
 use regolith_proto::client::{ClientConfig as MetadConfig, MetadClient};
 
+/// The value the tests put under `key`: bytes derived from the key, so any byte read can be
+/// traced to the key that wrote it.
+pub fn value(key: &str, len: usize) -> Vec<u8> {
+    let seed = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |a, b| {
+        (a ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

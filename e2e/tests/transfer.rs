@@ -3,19 +3,10 @@
 use std::time::Duration;
 
 use regolith_client::{Dest, ReplicateConfig, Source};
-use regolith_e2e::Cluster;
+use regolith_e2e::{value, Cluster};
 
 const METAD: &str = env!("CARGO_BIN_EXE_e2e-metad");
 const SIDECAR: &str = env!("CARGO_BIN_EXE_e2e-sidecar");
-
-fn value(key: &str, len: usize) -> Vec<u8> {
-    let seed = key
-        .bytes()
-        .fold(0u64, |a, b| a.wrapping_mul(31).wrapping_add(b as u64));
-    (0..len)
-        .map(|i| (seed.wrapping_add(i as u64).wrapping_mul(0x9E37_79B9) >> 7) as u8)
-        .collect()
-}
 
 #[test]
 fn put_on_a_get_on_b_byte_exact() {

@@ -76,6 +76,10 @@ pub struct Args {
     /// Runtime worker threads (default: one per core).
     #[arg(long, env = "REGOLITH_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
+    /// Enable test hooks on the metrics port (`POST /debug/close-nic?ip=IP` closes that NIC's
+    /// data-plane listener and connections). For tests only.
+    #[arg(long, hide = true, env = "REGOLITH_TEST_HOOKS")]
+    pub test_hooks: bool,
     /// TOML file with any of these settings (keys are the flag names with `_`).
     #[arg(long, env = "REGOLITH_CONFIG")]
     pub config: Option<PathBuf>,
@@ -131,6 +135,7 @@ pub struct Settings {
     pub transfer_timeout: Duration,
     pub huge_pages: HugePages,
     pub worker_threads: Option<usize>,
+    pub test_hooks: bool,
     pub verbose: u8,
     pub json_logs: bool,
 }
@@ -339,6 +344,7 @@ impl Args {
                 Some(0) => return Err(cfg("--worker-threads must be at least 1".into())),
                 n => n,
             },
+            test_hooks: self.test_hooks,
             verbose: self.verbose,
             json_logs,
         })

@@ -68,7 +68,40 @@ fn refresh(side: &Sidecar) {
     }
 }
 
+/// Test hook: `POST /debug/close-nic?ip=IP` (only with `--test-hooks`).
+fn close_nic(side: &Sidecar, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    let ip = req
+        .uri()
+        .query()
+        .and_then(|q| q.strip_prefix("ip="))
+        .and_then(|ip| ip.parse::<std::net::IpAddr>().ok());
+    let Some(ip) = ip else {
+        return reply(StatusCode::BAD_REQUEST, "text/plain", "use ?ip=IP\n");
+    };
+    let addr = std::net::SocketAddr::new(ip, side.settings.data_port);
+    let closed = side
+        .server
+        .lock()
+        .as_ref()
+        .is_some_and(|s| s.close_nic(addr));
+    if closed {
+        reply(StatusCode::OK, "text/plain", format!("closed {addr}\n"))
+    } else {
+        reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            format!("no listener on {addr}\n"),
+        )
+    }
+}
+
 fn route(side: &Sidecar, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    if side.settings.test_hooks
+        && req.method() == Method::POST
+        && req.uri().path() == "/debug/close-nic"
+    {
+        return close_nic(side, req);
+    }
     if req.method() != Method::GET {
         return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
     }

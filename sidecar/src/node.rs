@@ -44,6 +44,8 @@ pub struct Sidecar {
     pub shutting_down: AtomicBool,
     pub puts: AtomicU64,
     pub gets: AtomicU64,
+    /// The data-plane server (none on a consumer-only node); taken at shutdown.
+    pub server: Mutex<Option<crate::transport::tcp::TcpServer>>,
 }
 
 pub fn metad_clients(settings: &Settings) -> Result<(MetadClient, MetadClient)> {

@@ -168,6 +168,7 @@ pub async fn run(settings: Settings, mut shutdown: watch::Receiver<bool>) -> Res
         shutting_down: AtomicBool::new(false),
         puts: AtomicU64::new(0),
         gets: AtomicU64::new(0),
+        server: Mutex::new(server),
     });
     side.heartbeat_once().await;
     let hb = tokio::spawn(side.clone().heartbeat_loop(shutdown.clone()));
@@ -183,6 +184,7 @@ pub async fn run(settings: Settings, mut shutdown: watch::Receiver<bool>) -> Res
     let _ = uds.await;
     side.leave().await;
     let _ = hb.await;
+    let server = side.server.lock().take();
     if let Some(s) = server {
         s.shutdown().await;
     }
