@@ -17,7 +17,11 @@ const SIDECAR: &str = env!("CARGO_BIN_EXE_e2e-sidecar");
 
 fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Sends `bytes` and returns what comes back before the sidecar closes or goes quiet.
@@ -41,7 +45,11 @@ fn poke_for(sock: &std::path::Path, bytes: &[u8], quiet: Duration) -> Vec<u8> {
 }
 
 fn hello_frame() -> Vec<u8> {
-    let h = pb::HelloRequest { protocol_version: 1, staging_size: 0, client_name: "hostile".into() };
+    let h = pb::HelloRequest {
+        protocol_version: 1,
+        staging_size: 0,
+        client_name: "hostile".into(),
+    };
     frame::encode_to_vec(Op::Hello as u16, 1, &h.encode_to_vec()).unwrap()
 }
 
@@ -60,18 +68,38 @@ fn frames(bytes: &[u8]) -> Vec<frame::Frame> {
 fn garbage_on_the_socket_gets_errors_and_harms_no_one() {
     let c = Cluster::start(METAD, SIDECAR, &["64MiB", "64MiB"]);
     let good = c.client(0);
-    good.put("before", &value("before", 100_000), &ReplicateConfig::default()).unwrap();
+    good.put(
+        "before",
+        &value("before", 100_000),
+        &ReplicateConfig::default(),
+    )
+    .unwrap();
     let pid = c.sidecars[0].proc.pid().unwrap();
     let rss0 = rss_kib(pid);
     let sock = c.socket(0);
     // Random bytes, a length of 4 GiB, a truncated frame, a zero-length frame: closed.
     let mut rng = 0x1234_5678u64;
-    let random: Vec<u8> = (0..10_000).map(|_| { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; rng as u8 }).collect();
-    for bytes in [random.clone(), vec![0xFF, 0xFF, 0xFF, 0xFF, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0], hello_frame()[..7].to_vec(), vec![0, 0, 0, 0]] {
+    let random: Vec<u8> = (0..10_000)
+        .map(|_| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng as u8
+        })
+        .collect();
+    for bytes in [
+        random.clone(),
+        vec![0xFF, 0xFF, 0xFF, 0xFF, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        hello_frame()[..7].to_vec(),
+        vec![0, 0, 0, 0],
+    ] {
         let _ = poke(sock, &bytes);
     }
     // Not hello first: an error reply.
-    let f = frames(&poke(sock, &frame::encode_to_vec(Op::Get as u16, 9, b"").unwrap()));
+    let f = frames(&poke(
+        sock,
+        &frame::encode_to_vec(Op::Get as u16, 9, b"").unwrap(),
+    ));
     assert_eq!(f.first().map(|f| f.opcode), Some(Op::Error as u16));
     // After hello: unknown opcode, undecodable body, bad regions, unknown reservation.
     let mut req = hello_frame();
@@ -80,25 +108,61 @@ fn garbage_on_the_socket_gets_errors_and_harms_no_one() {
     let get = pb::GetRequest {
         items: vec![pb::GetItem {
             key: "before".into(),
-            dest: Some(pb::Region { r#where: Some(pb::region::Where::Staging(pb::Window { offset: u64::MAX - 10, len: 1 << 20 })) }),
+            dest: Some(pb::Region {
+                r#where: Some(pb::region::Where::Staging(pb::Window {
+                    offset: u64::MAX - 10,
+                    len: 1 << 20,
+                })),
+            }),
             local_ok: false,
             report_mismatch: false,
         }],
     };
     req.extend(frame::encode_to_vec(Op::Get as u16, 4, &get.encode_to_vec()).unwrap());
-    let commit = pb::PutCommitRequest { items: vec![pb::PutCommitItem { version: Some(pb::Version { term: 1, id: 424242 }), ..Default::default() }] };
+    let commit = pb::PutCommitRequest {
+        items: vec![pb::PutCommitItem {
+            version: Some(pb::Version {
+                term: 1,
+                id: 424242,
+            }),
+            ..Default::default()
+        }],
+    };
     req.extend(frame::encode_to_vec(Op::PutCommit as u16, 5, &commit.encode_to_vec()).unwrap());
-    req.extend(frame::encode_to_vec(Op::RegisterShm as u16, 6, &pb::RegisterShmRequest { size: 4096 }.encode_to_vec()).unwrap());
+    req.extend(
+        frame::encode_to_vec(
+            Op::RegisterShm as u16,
+            6,
+            &pb::RegisterShmRequest { size: 4096 }.encode_to_vec(),
+        )
+        .unwrap(),
+    );
     let replies = frames(&poke(sock, &req));
-    let by_id = |id: u64| replies.iter().find(|f| f.request_id == id).unwrap_or_else(|| panic!("no reply to request {id}: {replies:?}"));
+    let by_id = |id: u64| {
+        replies
+            .iter()
+            .find(|f| f.request_id == id)
+            .unwrap_or_else(|| panic!("no reply to request {id}: {replies:?}"))
+    };
     assert_eq!(by_id(2).opcode, Op::Error as u16, "unknown opcode");
     assert_eq!(by_id(3).opcode, Op::Error as u16, "undecodable body");
     let g = pb::GetReply::decode(by_id(4).body.as_ref()).unwrap();
-    assert_ne!(g.items[0].status.as_ref().unwrap().code, 0, "a window past the staging area was accepted");
+    assert_ne!(
+        g.items[0].status.as_ref().unwrap().code,
+        0,
+        "a window past the staging area was accepted"
+    );
     let pc = pb::PutCommitReply::decode(by_id(5).body.as_ref()).unwrap();
-    assert_eq!(pc.items[0].status.as_ref().unwrap().code, pb::Code::InvalidArgument as i32);
+    assert_eq!(
+        pc.items[0].status.as_ref().unwrap().code,
+        pb::Code::InvalidArgument as i32
+    );
     let rs = pb::RegisterShmReply::decode(by_id(6).body.as_ref()).unwrap();
-    assert_eq!(rs.status.unwrap().code, pb::Code::InvalidArgument as i32, "REGISTER_SHM without a memfd");
+    assert_eq!(
+        rs.status.unwrap().code,
+        pb::Code::InvalidArgument as i32,
+        "REGISTER_SHM without a memfd"
+    );
     // Many connections that say hello and leave: staging areas come back.
     for _ in 0..50 {
         let _ = poke_for(sock, &hello_frame(), Duration::from_millis(20));
@@ -106,21 +170,39 @@ fn garbage_on_the_socket_gets_errors_and_harms_no_one() {
     // Everyone else is unharmed.
     assert!(good.get("before").unwrap() == value("before", 100_000));
     let other = c.client(0);
-    other.put("after", &value("after", 100_000), &ReplicateConfig::default()).unwrap();
+    other
+        .put(
+            "after",
+            &value("after", 100_000),
+            &ReplicateConfig::default(),
+        )
+        .unwrap();
     assert!(c.client(1).get("after").unwrap() == value("after", 100_000));
     let grown = rss_kib(pid).saturating_sub(rss0);
-    assert!(grown < 64 * 1024, "sidecar RSS grew by {grown} KiB under bad input");
+    assert!(
+        grown < 64 * 1024,
+        "sidecar RSS grew by {grown} KiB under bad input"
+    );
 }
 
 #[test]
 fn garbage_on_the_data_port_is_refused() {
     let c = Cluster::start(METAD, SIDECAR, &["64MiB", "64MiB"]);
     let a = c.client(0);
-    a.put("kept", &value("kept", 200_000), &ReplicateConfig { prefer_local: true, ..Default::default() }).unwrap();
+    a.put(
+        "kept",
+        &value("kept", 200_000),
+        &ReplicateConfig {
+            prefer_local: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let addr = format!("{}:{}", c.sidecars[0].nics[0], c.sidecars[0].data_port);
     let send = |bytes: &[u8]| -> Vec<u8> {
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
         let _ = s.write_all(bytes);
         let mut out = Vec::new();
         let _ = s.read_to_end(&mut out);
@@ -137,15 +219,37 @@ fn garbage_on_the_data_port_is_refused() {
     let token = c.token();
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    s.write_all(&dataplane::Hello::new(99, token.as_bytes()).encode().unwrap()).unwrap();
+    s.write_all(
+        &dataplane::Hello::new(99, token.as_bytes())
+            .encode()
+            .unwrap(),
+    )
+    .unwrap();
     let mut hr = [0u8; dataplane::HELLO_REPLY_LEN];
     s.read_exact(&mut hr).unwrap();
     assert!(HelloReply::decode(&hr).unwrap().verdict.is_ok());
     let mc = c.metad_client();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let gen = rt.block_on(mc.list_segments()).unwrap().iter().find(|x| x.node_name == "node-a").unwrap().generation;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let gen = rt
+        .block_on(mc.list_segments())
+        .unwrap()
+        .iter()
+        .find(|x| x.node_name == "node-a")
+        .unwrap()
+        .generation;
     let read = |s: &mut std::net::TcpStream, generation: u64, offset: u64, len: u32| -> Status {
-        let req = Request { kind: Kind::Read, req_id: 7, generation, offset, len, term: 1, res_id: 1 };
+        let req = Request {
+            kind: Kind::Read,
+            req_id: 7,
+            generation,
+            offset,
+            len,
+            term: 1,
+            res_id: 1,
+        };
         s.write_all(&req.encode()).unwrap();
         let mut rb = [0u8; dataplane::REPLY_LEN];
         s.read_exact(&mut rb).unwrap();
@@ -157,9 +261,25 @@ fn garbage_on_the_data_port_is_refused() {
         r.status
     };
     assert_eq!(read(&mut s, gen + 5, 0, 4096), Status::BadGeneration);
-    assert_eq!(read(&mut s, gen, (64 << 20) - 100, 4096), Status::OutOfRange);
-    assert_eq!(read(&mut s, gen, 0, 4096), Status::Ok, "a well-formed read on the same connection");
-    let mut huge = Request { kind: Kind::Write, req_id: 8, generation: gen, offset: 0, len: 4096, term: 1, res_id: 1 }.encode();
+    assert_eq!(
+        read(&mut s, gen, (64 << 20) - 100, 4096),
+        Status::OutOfRange
+    );
+    assert_eq!(
+        read(&mut s, gen, 0, 4096),
+        Status::Ok,
+        "a well-formed read on the same connection"
+    );
+    let mut huge = Request {
+        kind: Kind::Write,
+        req_id: 8,
+        generation: gen,
+        offset: 0,
+        len: 4096,
+        term: 1,
+        res_id: 1,
+    }
+    .encode();
     huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
     let _ = s.write_all(&huge);
     let mut rest = Vec::new();

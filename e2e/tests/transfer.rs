@@ -155,3 +155,81 @@ fn batches_replicas_and_shared_buffers() {
     assert_eq!(segs.len(), 3);
     assert!(segs.iter().any(|s| s.local && s.node_name == "node-a"));
 }
+
+#[test]
+fn consumer_only_node_sigterm_unmount_and_remount_after_being_declared_dead() {
+    use nix::sys::signal::Signal;
+    let mut c = Cluster::start_with(
+        METAD,
+        SIDECAR,
+        &["64MiB", "0", "64MiB"],
+        &["--node-ttl", "2s"],
+        &[],
+    );
+    // A consumer-only node (segment size 0) puts to and gets from the others.
+    let consumer = c.client(1);
+    let v = value("from-consumer", 2 << 20);
+    let info = consumer
+        .put("from-consumer", &v, &ReplicateConfig::default())
+        .unwrap();
+    assert!(!info.replicas[0].local);
+    assert!(consumer.get("from-consumer").unwrap() == v);
+    assert!(
+        c.client(0).get("from-consumer").unwrap() == v
+            || c.client(2).get("from-consumer").unwrap() == v
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mc = c.metad_client();
+    let gen_of = |name: &str| {
+        rt.block_on(mc.list_segments())
+            .unwrap()
+            .into_iter()
+            .find(|s| s.node_name == name)
+            .map(|s| s.generation)
+    };
+    // Paused past node_ttl: declared dead; resumed: told to remount, mounts generation + 1.
+    let g0 = gen_of("node-c").unwrap();
+    c.sidecars[2].proc.signal(Signal::SIGSTOP);
+    let end = std::time::Instant::now() + Duration::from_secs(15);
+    while gen_of("node-c").is_some() {
+        assert!(
+            std::time::Instant::now() < end,
+            "node-c never declared dead"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    c.sidecars[2].proc.signal(Signal::SIGCONT);
+    let end = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(g) = gen_of("node-c") {
+            assert!(g > g0, "remounted with generation {g} after {g0}");
+            break;
+        }
+        assert!(std::time::Instant::now() < end, "node-c never remounted");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let w = value("after-remount", 100_000);
+    c.client(2)
+        .put(
+            "after-remount",
+            &w,
+            &ReplicateConfig {
+                prefer_local: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert!(consumer.get("after-remount").unwrap() == w);
+    // SIGTERM: a clean exit that unmounts the segment.
+    c.sidecars[0].proc.signal(Signal::SIGTERM);
+    let status = c.sidecars[0].proc.child.as_mut().unwrap().wait().unwrap();
+    assert!(status.success(), "sidecar exit after SIGTERM: {status:?}");
+    assert!(
+        gen_of("node-a").is_none(),
+        "node-a still mounted after a clean shutdown"
+    );
+    assert!(!c.sidecars[0].socket.exists(), "socket file left behind");
+}
