@@ -7,74 +7,74 @@ use pyo3::prelude::*;
 use regolith_client::{pb, Error as ClientError};
 
 create_exception!(
-    _native,
+    regolith,
     RegolithError,
     PyException,
     "Base class of Regolith errors. Attributes: `key` (the key concerned, or None), `reason` \
      (a short reason) and `code` (Mooncake's error code, e.g. -704)."
 );
 create_exception!(
-    _native,
+    regolith,
     NotFoundError,
     RegolithError,
     "The key is not in the cache (Mooncake -704)."
 );
 create_exception!(
-    _native,
+    regolith,
     CorruptError,
     NotFoundError,
     "The stored bytes failed their checksum on every replica: a miss, never data."
 );
 create_exception!(
-    _native,
+    regolith,
     AlreadyExistsError,
     RegolithError,
     "The key exists already; objects are immutable (Mooncake -705)."
 );
 create_exception!(
-    _native,
+    regolith,
     NoSpaceError,
     RegolithError,
     "The cache has no room for the object, even after eviction."
 );
 create_exception!(
-    _native,
+    regolith,
     BufferTooSmallError,
     RegolithError,
     "The destination is smaller than the object."
 );
 create_exception!(
-    _native,
+    regolith,
     InvalidArgumentError,
     RegolithError,
     "A bad argument: unregistered address, mismatched batch lengths, bad key."
 );
 create_exception!(
-    _native,
+    regolith,
     ConnectError,
     RegolithError,
     "No sidecar answers at the socket."
 );
 create_exception!(
-    _native,
+    regolith,
     DisconnectedError,
     RegolithError,
     "The connection to the sidecar was lost."
 );
 create_exception!(
-    _native,
+    regolith,
     ClosedError,
     RegolithError,
     "The client (or store) is closed."
 );
 create_exception!(
-    _native,
+    regolith,
     UnavailableError,
     RegolithError,
     "metad or a replica could not be reached in time (retryable)."
 );
 create_exception!(
-    _native,
+    regolith,
     InternalError,
     RegolithError,
     "An internal or protocol error."
@@ -179,6 +179,7 @@ fn client_reason(e: &ClientError) -> String {
             format!("buffer too small: {have} bytes for an object of {need}")
         }
         ClientError::Server { code, message, .. } => format!("{code:?}: {message}"),
+        ClientError::Connect { source, .. } => format!("cannot connect: {source}"),
         other => other.to_string(),
     }
 }
@@ -240,23 +241,77 @@ impl From<Error> for PyErr {
     }
 }
 
-/// Registers the exception classes on the module.
+/// Registers the exception classes on the module, with class-level defaults of `key`,
+/// `reason` and `code` (so that exceptions raised from Python code carry them too).
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
-    m.add("RegolithError", py.get_type::<RegolithError>())?;
-    m.add("NotFoundError", py.get_type::<NotFoundError>())?;
-    m.add("CorruptError", py.get_type::<CorruptError>())?;
-    m.add("AlreadyExistsError", py.get_type::<AlreadyExistsError>())?;
-    m.add("NoSpaceError", py.get_type::<NoSpaceError>())?;
-    m.add("BufferTooSmallError", py.get_type::<BufferTooSmallError>())?;
-    m.add(
-        "InvalidArgumentError",
-        py.get_type::<InvalidArgumentError>(),
-    )?;
-    m.add("ConnectError", py.get_type::<ConnectError>())?;
-    m.add("DisconnectedError", py.get_type::<DisconnectedError>())?;
-    m.add("ClosedError", py.get_type::<ClosedError>())?;
-    m.add("UnavailableError", py.get_type::<UnavailableError>())?;
-    m.add("InternalError", py.get_type::<InternalError>())?;
+    let classes = [
+        (
+            "RegolithError",
+            py.get_type::<RegolithError>(),
+            codes::INTERNAL_ERROR,
+        ),
+        (
+            "NotFoundError",
+            py.get_type::<NotFoundError>(),
+            codes::OBJECT_NOT_FOUND,
+        ),
+        (
+            "CorruptError",
+            py.get_type::<CorruptError>(),
+            codes::OBJECT_NOT_FOUND,
+        ),
+        (
+            "AlreadyExistsError",
+            py.get_type::<AlreadyExistsError>(),
+            codes::OBJECT_ALREADY_EXISTS,
+        ),
+        (
+            "NoSpaceError",
+            py.get_type::<NoSpaceError>(),
+            codes::NO_AVAILABLE_HANDLE,
+        ),
+        (
+            "BufferTooSmallError",
+            py.get_type::<BufferTooSmallError>(),
+            codes::BUFFER_OVERFLOW,
+        ),
+        (
+            "InvalidArgumentError",
+            py.get_type::<InvalidArgumentError>(),
+            codes::INVALID_PARAMS,
+        ),
+        (
+            "ConnectError",
+            py.get_type::<ConnectError>(),
+            codes::RPC_FAIL,
+        ),
+        (
+            "DisconnectedError",
+            py.get_type::<DisconnectedError>(),
+            codes::RPC_FAIL,
+        ),
+        (
+            "ClosedError",
+            py.get_type::<ClosedError>(),
+            codes::INTERNAL_ERROR,
+        ),
+        (
+            "UnavailableError",
+            py.get_type::<UnavailableError>(),
+            codes::RPC_FAIL,
+        ),
+        (
+            "InternalError",
+            py.get_type::<InternalError>(),
+            codes::INTERNAL_ERROR,
+        ),
+    ];
+    for (name, class, code) in classes {
+        class.setattr("key", py.None())?;
+        class.setattr("reason", py.None())?;
+        class.setattr("code", code)?;
+        m.add(name, class)?;
+    }
     Ok(())
 }

@@ -1,0 +1,174 @@
+"""A private ``regolith-sidecar`` started by ``MooncakeDistributedStore.setup`` when no sidecar
+answers and spawning is enabled: the zero-extra-process experience of Mooncake's embedded
+client. Its socket and state live in a private temp dir; it is stopped at ``close()`` and at
+interpreter exit."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ._native import ConnectError
+
+logger = logging.getLogger("regolith.spawn")
+
+_live: set["SpawnedSidecar"] = set()
+_live_lock = threading.Lock()
+
+
+def find_binary(explicit: str = "") -> Path:
+    """``explicit``, else ``$REGOLITH_SIDECAR_BIN``, else next to the package, else the
+    interpreter's bin dir, else ``PATH``."""
+    candidates = [explicit, os.environ.get("REGOLITH_SIDECAR_BIN", "")]
+    here = Path(__file__).resolve().parent
+    candidates += [str(here / "bin" / "regolith-sidecar"), str(here / "regolith-sidecar")]
+    candidates.append(str(Path(sys.executable).parent / "regolith-sidecar"))
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return Path(c)
+    found = shutil.which("regolith-sidecar")
+    if found:
+        return Path(found)
+    raise ConnectError(
+        "cannot start a sidecar: the regolith-sidecar binary was not found "
+        "(set REGOLITH_SIDECAR_BIN, or put it next to the regolith package or on PATH)"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _nic_for(hostname: str) -> str:
+    """The data-plane address: what ``local_hostname`` resolves to (Mooncake's meaning of it:
+    the address other nodes reach this one at), else loopback."""
+    if not hostname:
+        return "127.0.0.1"
+    try:
+        return socket.gethostbyname(hostname)
+    except OSError:
+        return "127.0.0.1"
+
+
+def _serves(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(path))
+            return True
+        except OSError:
+            return False
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+class SpawnedSidecar:
+    """A running private sidecar."""
+
+    def __init__(self, popen: subprocess.Popen, tmp: Path, sock: Path, log: Path):
+        self.popen = popen
+        self.dir = tmp
+        self.socket = sock
+        self.log = log
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        node_name: str,
+        metad: str,
+        segment_size: int,
+        binary: str = "",
+        timeout: float | None = None,
+    ) -> "SpawnedSidecar":
+        if not metad:
+            raise ConnectError(
+                "cannot start a sidecar: master_server_address (the metad replicas, "
+                "HOST:PORT,...) is not set"
+            )
+        exe = find_binary(binary)
+        tmp = Path(tempfile.mkdtemp(prefix="regolith-sidecar-"))
+        sock, log = tmp / "sidecar.sock", tmp / "sidecar.log"
+        args = cls._args(exe, node_name, metad, segment_size, sock, tmp / "state")
+        logger.info("starting a private sidecar: %s", " ".join(args))
+        with open(log, "ab") as f:
+            popen = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=f, stderr=f, start_new_session=True
+            )
+        me = cls(popen, tmp, sock, log)
+        with _live_lock:
+            _live.add(me)
+        # Pre-faulting the segment is the slow part of start-up (about 0.5 GB/s here and there).
+        limit = timeout if timeout is not None else 60 + segment_size / (256 << 20)
+        me._wait_ready(limit)
+        return me
+
+    @staticmethod
+    def _args(exe: Path, node: str, metad: str, size: int, sock: Path, state: Path) -> list[str]:
+        args = [str(exe), "--metad", metad, "--segment-size", str(size)]
+        args += ["--socket", str(sock), "--state-dir", str(state)]
+        if node:
+            args += ["--node-name", node]
+        # The sidecar reads these from the environment when set; choose free ones otherwise.
+        if not os.environ.get("REGOLITH_NIC"):
+            args += ["--nic", _nic_for(node)]
+        if not os.environ.get("REGOLITH_DATA_PORT"):
+            args += ["--data-port", str(_free_port())]
+        if not os.environ.get("REGOLITH_METRICS_ADDR"):
+            args += ["--metrics-addr", f"127.0.0.1:{_free_port()}"]
+        return args
+
+    def _wait_ready(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if _serves(self.socket):
+                logger.info("private sidecar ready at %s (pid %d)", self.socket, self.popen.pid)
+                return
+            if self.popen.poll() is not None:
+                tail = _tail(self.log)
+                self.stop()
+                raise ConnectError(f"the private sidecar exited during start-up:\n{tail}")
+            time.sleep(0.05)
+        tail = _tail(self.log)
+        self.stop()
+        raise ConnectError(f"the private sidecar did not serve within {timeout:.0f}s:\n{tail}")
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 15) -> None:
+        """SIGTERM (the sidecar unmounts its segment gracefully), SIGKILL after `timeout`."""
+        with _live_lock:
+            _live.discard(self)
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _live_lock:
+        live = list(_live)
+    for s in live:
+        s.stop()
