@@ -40,6 +40,8 @@ from . import mooncake as _mooncake
 
 PLUGIN_TYPE = "regolith"
 
+_ABSENT = object()
+
 __all__ = ["PLUGIN_TYPE", "RegolithConnector", "RegolithConnectorAdapter"]
 
 
@@ -48,7 +50,7 @@ def _regolith_as_mooncake_store() -> Iterator[None]:
     """Has ``mooncake.store`` resolve to :mod:`regolith.mooncake` while LMCache's connector
     constructor imports it; the previous modules (if any) are put back afterwards."""
     names = ("mooncake", "mooncake.store")
-    saved = {n: sys.modules.get(n) for n in names}
+    saved = {n: sys.modules.get(n, _ABSENT) for n in names}
     pkg = types.ModuleType("mooncake")
     pkg.__path__ = []  # a package, so that `mooncake.store` may be a submodule
     pkg.store = _mooncake  # type: ignore[attr-defined]
@@ -58,7 +60,7 @@ def _regolith_as_mooncake_store() -> Iterator[None]:
         yield
     finally:
         for n, mod in saved.items():
-            if mod is None:
+            if mod is _ABSENT:
                 sys.modules.pop(n, None)
             else:
                 sys.modules[n] = mod
