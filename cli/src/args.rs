@@ -16,6 +16,9 @@ use regolith_proto::units::{parse_duration, parse_size};
 /// look for it.
 pub const DEFAULT_DIR: &str = "./regolith-data";
 
+/// Help heading of the flags every subcommand accepts.
+const GLOBAL: &str = "Global options";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "regolith",
@@ -34,37 +37,47 @@ pub struct Cli {
     pub global: Global,
     /// metad replicas, HOST:PORT,HOST:PORT,... [default: those of the `regolith up` cluster in
     /// --dir, else 127.0.0.1:50051]
-    #[arg(long = "metad", env = "REGOLITH_METAD", value_name = "HOST:PORT,...")]
+    #[arg(
+        long = "metad",
+        env = "REGOLITH_METAD",
+        value_name = "HOST:PORT,...",
+        help_heading = GLOBAL
+    )]
     pub metad: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
 
-/// Flags every subcommand accepts, before or after its name.
+/// Flags every subcommand accepts, before or after its name (`up` uses `--dir` and `-v`).
 #[derive(Args, Debug, Clone)]
 pub struct Global {
     /// The sidecar's Unix socket (put, get, rm) [default: sidecar 0 of the `regolith up`
     /// cluster in --dir, else /run/regolith/sidecar.sock]
-    #[arg(long, global = true, env = "REGOLITH_SOCKET", value_name = "PATH")]
+    #[arg(long, global = true,
+        help_heading = GLOBAL, env = "REGOLITH_SOCKET", value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// File holding the cluster token for metad calls [default: DIR/token when --metad names
     /// the `regolith up` cluster of --dir or of the socket's directory]
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         env = "REGOLITH_CLUSTER_TOKEN_FILE",
         value_name = "FILE"
     )]
     pub cluster_token_file: Option<PathBuf>,
     /// Directory of a `regolith up` cluster: `up` keeps its data there, the other subcommands
     /// read their defaults from DIR/cluster.json and DIR/token
-    #[arg(long, global = true, env = "REGOLITH_DIR", value_name = "DIR", default_value = DEFAULT_DIR)]
+    #[arg(long, global = true,
+        help_heading = GLOBAL, env = "REGOLITH_DIR", value_name = "DIR", default_value = DEFAULT_DIR)]
     pub dir: PathBuf,
     /// How long a metad call keeps retrying (leader elections) before it fails, e.g. 10s
-    #[arg(long, global = true, env = "REGOLITH_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    #[arg(long, global = true,
+        help_heading = GLOBAL, env = "REGOLITH_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = duration)]
     pub timeout: Duration,
     /// More logging (-v, -vv); RUST_LOG overrides
-    #[arg(short = 'v', long = "verbose", global = true, action = clap::ArgAction::Count)]
+    #[arg(short = 'v', long = "verbose", global = true,
+        help_heading = GLOBAL, action = clap::ArgAction::Count)]
     pub verbose: u8,
 }
 
@@ -77,6 +90,7 @@ pub struct MetadArg {
         id = "sub_metad",
         long = "metad",
         global = true,
+        help_heading = GLOBAL,
         env = "REGOLITH_METAD",
         value_name = "HOST:PORT,..."
     )]
@@ -148,6 +162,7 @@ pub struct StatusArgs {
 pub struct PutArgs {
     #[command(flatten)]
     pub metad: MetadArg,
+    /// The key (1..=4096 bytes)
     pub key: String,
     /// The value: a file, or `-` for stdin [default: -]
     #[arg(value_name = "FILE|-")]
@@ -176,6 +191,7 @@ pub struct PutArgs {
 pub struct GetArgs {
     #[command(flatten)]
     pub metad: MetadArg,
+    /// The key
     pub key: String,
     /// Where to write the value: a file, or `-` for stdout [default: -]
     #[arg(value_name = "FILE|-")]
@@ -200,6 +216,7 @@ pub struct LsArgs {
 pub struct RmArgs {
     #[command(flatten)]
     pub metad: MetadArg,
+    /// Keys to remove
     #[arg(required = true, value_name = "KEY")]
     pub keys: Vec<String>,
 }
@@ -219,13 +236,16 @@ pub enum MembersCommand {
     /// Add replica ID at ADDR (started empty, without --bootstrap): a learner first, promoted
     /// to voter once it caught up
     Add {
+        /// Raft id of the new replica (> 0, unused)
         #[arg(value_parser = clap::value_parser!(u64).range(1..))]
         id: u64,
+        /// Its gRPC address (its --advertise)
         #[arg(value_name = "HOST:PORT")]
         addr: String,
     },
     /// Remove replica ID (the leader too: it steps down once the change commits)
     Remove {
+        /// Raft id of the replica
         #[arg(value_parser = clap::value_parser!(u64).range(1..))]
         id: u64,
     },
@@ -245,6 +265,7 @@ pub enum SegmentsCommand {
     List,
     /// Stop placing on NODE; it unmounts once empty or after --drain-timeout
     Drain {
+        /// Node name, as `regolith status` shows it
         #[arg(value_name = "NODE")]
         node: String,
         /// Unmount after this long even when objects remain [default: metad's, 10m]

@@ -21,7 +21,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use crate::args::{UpArgs, DEFAULT_DIR};
@@ -134,7 +134,8 @@ fn on_path(name: &str) -> Option<PathBuf> {
 
 // ------------------------------------------------------------------ signals
 
-/// SIGINT and SIGTERM, counted (a second one during the stop kills what is left).
+/// SIGINT, SIGTERM and SIGHUP (the terminal went away), counted: a second one during the
+/// stop kills what is left.
 struct Interrupt {
     signals: Signals,
     count: usize,
@@ -142,7 +143,7 @@ struct Interrupt {
 
 impl Interrupt {
     fn install() -> Result<Self> {
-        let signals = Signals::new([SIGINT, SIGTERM])?;
+        let signals = Signals::new([SIGINT, SIGTERM, SIGHUP])?;
         Ok(Self { signals, count: 0 })
     }
 
