@@ -26,26 +26,46 @@ fn list(metad: &Metad) -> Result<()> {
 }
 
 fn drain(metad: &Metad, node: &str, timeout: Option<Duration>, wait: bool) -> Result<()> {
+    let generation = mounted_generation(metad, node)?;
     let timeout_ms = timeout.map_or(0, |d| d.as_millis().max(1) as u64);
     let r = metad.block_on(metad.client().drain(node, timeout_ms))?;
     println!(
         "draining {node} (node id {}): {} objects remain; no new placements there, it unmounts once empty or at the drain timeout",
         r.node_id, r.objects
     );
-    if wait {
-        wait_unmounted(metad, node, timeout)?;
-        println!("{node} is unmounted");
+    if let (true, Some(g)) = (wait, generation) {
+        wait_unmounted(metad, node, g, timeout)?;
+        println!("{node} (generation {g}) is unmounted");
     }
     Ok(())
 }
 
-/// Polls the segment list until `node` is gone (a bit past the drain timeout at most, when one
-/// was given).
-fn wait_unmounted(metad: &Metad, node: &str, timeout: Option<Duration>) -> Result<()> {
+/// The generation of `node`'s mounted segment, if it has one.
+fn mounted_generation(metad: &Metad, node: &str) -> Result<Option<u64>> {
+    let segs = metad.block_on(metad.client().list_segments())?;
+    Ok(segs
+        .iter()
+        .filter(|s| s.node_name == node)
+        .map(|s| s.generation)
+        .max())
+}
+
+/// Polls the segment list until generation `generation` of `node` is gone (a sidecar that is
+/// still running may mount a newer one), a bit past the drain timeout at most when one was
+/// given.
+fn wait_unmounted(
+    metad: &Metad,
+    node: &str,
+    generation: u64,
+    timeout: Option<Duration>,
+) -> Result<()> {
     let deadline = timeout.map(|t| Instant::now() + t + Duration::from_secs(30));
     loop {
         let segs = metad.block_on(metad.client().list_segments())?;
-        if !segs.iter().any(|s| s.node_name == node) {
+        if !segs
+            .iter()
+            .any(|s| s.node_name == node && s.generation == generation)
+        {
             return Ok(());
         }
         if deadline.is_some_and(|d| Instant::now() > d) {
@@ -53,6 +73,6 @@ fn wait_unmounted(metad: &Metad, node: &str, timeout: Option<Duration>) -> Resul
                 "{node} is still mounted after the drain timeout"
             )));
         }
-        std::thread::sleep(Duration::from_millis(500));
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
