@@ -15,8 +15,8 @@ import cluster as _cluster
 
 @pytest.fixture(scope="session")
 def cluster():
-    c = _cluster.start(["256MiB", "256MiB"])
-    # Code that connects by default (REGOLITH_SOCKET) reaches node-a.
+    c = _cluster.start(sidecars=2, segment_size="256MiB")
+    # Code that connects by default (REGOLITH_SOCKET) reaches node-0.
     old = os.environ.get("REGOLITH_SOCKET")
     os.environ["REGOLITH_SOCKET"] = c.socket(0)
     yield c

@@ -144,13 +144,13 @@ def test_remove_all(client, client_b, key):
 
 
 def test_stats_segments_node_name(client, client_b):
-    assert client.node_name == "node-a"
-    assert client_b.node_name == "node-b"
+    assert client.node_name == "node-0"
+    assert client_b.node_name == "node-1"
     s = client.stats()
-    assert s["node_name"] == "node-a" and s["bytes_total"] >= 512 * MiB
+    assert s["node_name"] == "node-0" and s["bytes_total"] >= 512 * MiB
     segs = {x["node_name"]: x for x in client.list_segments()}
-    assert set(segs) >= {"node-a", "node-b"}
-    assert segs["node-a"]["local"] and segs["node-a"]["alive"]
+    assert set(segs) >= {"node-0", "node-1"}
+    assert segs["node-0"]["local"] and segs["node-0"]["alive"]
 
 
 def test_replicate_config_places_replicas(client, key):
@@ -161,17 +161,17 @@ def test_replicate_config_places_replicas(client, key):
     cfg = regolith.ReplicateConfig(replica_num=2)
     client.put(key(), b"two copies", cfg)
     after = objects()
-    assert after["node-a"] == before["node-a"] + 1 and after["node-b"] == before["node-b"] + 1
+    assert after["node-0"] == before["node-0"] + 1 and after["node-1"] == before["node-1"] + 1
 
     cfg = regolith.ReplicateConfig()
-    cfg.preferred_segment = "node-b"
+    cfg.preferred_segment = "node-1"
     client.put(key(), b"on b", cfg)
     again = objects()
-    assert again["node-b"] == after["node-b"] + 1 and again["node-a"] == after["node-a"]
+    assert again["node-1"] == after["node-1"] + 1 and again["node-0"] == after["node-0"]
 
     cfg = regolith.ReplicateConfig(prefer_alloc_in_same_node=True, with_soft_pin=True)
     client.put(key(), b"local", cfg)
-    assert objects()["node-a"] == again["node-a"] + 1
+    assert objects()["node-0"] == again["node-0"] + 1
 
 
 def test_replicate_config_attributes():
@@ -202,7 +202,7 @@ def test_alloc_buffer_is_writable_shared_memory(client, client_b, key):
 
     # get_into an offset of the buffer, by address, from a remote replica
     k2 = key()
-    client_b.put(k2, b"abcdef", regolith.ReplicateConfig(preferred_segment="node-b"))
+    client_b.put(k2, b"abcdef", regolith.ReplicateConfig(preferred_segment="node-1"))
     assert client.get_into(k2, buf.address + 100, 6) == 6
     assert bytes(mv[100:106]) == b"abcdef"
 
@@ -366,7 +366,7 @@ def test_closed_client(cluster, key):
 def test_default_socket_from_env(cluster, monkeypatch):
     monkeypatch.setenv("REGOLITH_SOCKET", cluster.socket(1))
     with regolith.Client() as c:
-        assert c.node_name == "node-b"
+        assert c.node_name == "node-1"
         assert c.socket == cluster.socket(1)
 
 
@@ -381,7 +381,7 @@ def test_gil_is_released_while_waiting_for_the_sidecar(cluster, key):
     c = regolith.Client(cluster.socket(1))
     k = key()
     c.put(k, b"v")
-    pid = cluster.sidecars[1].proc.popen.pid
+    pid = cluster.sidecars[1].pid
     done = threading.Event()
     result = []
 

@@ -218,8 +218,8 @@ def test_another_node_reads_what_one_wrote(cluster, shim, tmp_path, loop, metada
     b = CreateStorageBackends(b_cfg, metadata, loop)
     try:
         ra, rb = remote_of(a), remote_of(b)
-        assert store_of(ra).get_hostname() == "node-a"
-        assert store_of(rb).get_hostname() == "node-b"
+        assert store_of(ra).get_hostname() == "node-0"
+        assert store_of(rb).get_hostname() == "node-1"
         objs = [filled(a["LocalCPUBackend"], metadata) for _ in range(3)]
         keys = [new_key() for _ in objs]
         sent = [snapshot(o) for o in objs]
@@ -249,7 +249,7 @@ def test_mooncakestore_connector_methods(cluster, shim, tmp_path, loop, metadata
 
     try:
         assert conn.save_chunk_meta is save_chunk_meta
-        assert conn.replica_config.preferred_segment == "node-a"  # mooncake_prefer_local_alloc
+        assert conn.replica_config.preferred_segment == "node-0"  # mooncake_prefer_local_alloc
         one, batch = filled(local, metadata), [filled(local, metadata) for _ in range(3)]
         k1, keys = new_key(), [new_key() for _ in batch]
         run(conn.put(k1, one))  # put_parts / put_from

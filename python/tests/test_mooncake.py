@@ -52,8 +52,8 @@ def store_b(cluster):
 def test_setup_dict_with_the_seed_config(cluster):
     s = mc.MooncakeDistributedStore()
     assert s.get_hostname() == ""
-    assert s.setup(dict(SEED)) == 0  # REGOLITH_SOCKET (the fixture's) → node-a
-    assert s.get_hostname() == "node-a"
+    assert s.setup(dict(SEED)) == 0  # REGOLITH_SOCKET (the fixture's) → node-0
+    assert s.get_hostname() == "node-0"
     assert s.health_check() == 0
     assert s.close() == 0
     assert s.health_check() == 1
@@ -65,7 +65,7 @@ def test_setup_positional_form(cluster, monkeypatch):
     assert s.setup(
         "localhost", "http://localhost:8080/metadata", 21474836480, 0, "tcp", "", "localhost:50051"
     ) == 0
-    assert s.get_hostname() == "node-b"
+    assert s.get_hostname() == "node-1"
     s.close()
 
 
@@ -82,7 +82,7 @@ def test_setup_accepts_both_key_spellings_and_numbers(cluster):
         "sidecar_socket": cluster.socket(1),
     }
     assert s.setup(cfg) == 0
-    assert s.get_hostname() == "node-b"
+    assert s.get_hostname() == "node-1"
     s.close()
     # keyword form with the new names
     assert s.setup(
@@ -90,7 +90,7 @@ def test_setup_accepts_both_key_spellings_and_numbers(cluster):
         local_buffer_size="16MiB", protocol="tcp", rdma_devices="",
         master_server_addr="127.0.0.1:50051",
     ) == 0  # fmt: skip
-    assert s.get_hostname() == "node-a"
+    assert s.get_hostname() == "node-0"
     s.close()
 
 
@@ -178,7 +178,7 @@ def test_put_parts_and_batch_get_buffer(store, store_b, key):
 
 def test_put_parts_with_config(store, key):
     cfg = mc.ReplicateConfig()
-    cfg.preferred_segment = "node-b"
+    cfg.preferred_segment = "node-1"
     k = key()
     assert store.put_parts(k, b"a", b"b", config=cfg) == 0
     assert store.get(k) == b"ab"
@@ -266,7 +266,7 @@ def test_replicate_config_mooncake_attributes(store, key):
     cfg.with_soft_pin = True
     cfg.with_hard_pin = False
     cfg.prefer_alloc_in_same_node = True
-    cfg.preferred_segments = ["node-a", "node-b"]
+    cfg.preferred_segments = ["node-0", "node-1"]
     assert store.put(key(), b"x", cfg) == 0
 
 
@@ -325,7 +325,7 @@ def test_two_processes_through_the_mooncake_api(cluster, store, key):
         timeout=60,
         check=True,
     ).stdout.split()
-    assert out == ["0", "node-b"]
+    assert out == ["0", "node-1"]
     got = store.get(k)
     assert hashlib.sha256(got).digest() == hashlib.sha256(b"written by the child" * 1000).digest()
 
