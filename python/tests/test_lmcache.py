@@ -56,6 +56,27 @@ extra_config:
 """
 
 
+# The seed's configuration byte for byte, as the issue gives it (LMCache's default chunk size).
+SEED_VERBATIM = """\
+local_cpu: False
+remote_url: "mooncakestore://localhost:50051/"
+max_local_cpu_size: 2
+numa_mode: "auto"
+pre_caching_hash_algorithm: sha256_cbor_64bit
+extra_config:
+  use_exists_sync: true
+  save_chunk_meta: False
+  local_hostname: "localhost"
+  metadata_server: "http://localhost:8080/metadata"
+  protocol: "rdma"          # Regolith falls back to TCP where no RDMA device exists, and says so once
+  device_name: ""
+  global_segment_size: 21474836480
+  master_server_address: "localhost:50051"
+  local_buffer_size: 0
+  mooncake_prefer_local_alloc: true
+"""
+
+
 @pytest.fixture(scope="module")
 def loop():
     lp = asyncio.new_event_loop()
@@ -208,6 +229,44 @@ def test_seed_config_through_lmcache_storage_backends(
         # misses are None, not errors
         assert remote.batched_get_blocking([new_key()]) == [None]
         assert not remote.contains(new_key())
+    finally:
+        close_all(backends)
+
+
+def test_seed_config_verbatim(cluster, shim, tmp_path, loop):
+    """The seed's file unchanged (no chunk_size: LMCache's default of 256 tokens)."""
+    path = tmp_path / "seed.yaml"
+    path.write_text(SEED_VERBATIM)
+    cfg = LMCacheEngineConfig.from_file(str(path))
+    assert cfg.chunk_size == 256 and cfg.remote_url == "mooncakestore://localhost:50051/"
+    md = LMCacheMetadata(
+        model_name="regolith-seed",
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=torch.bfloat16,
+        kv_shape=(4, 2, cfg.chunk_size, 2, 32),
+        chunk_size=cfg.chunk_size,
+    )
+    backends = CreateStorageBackends(cfg, md, loop)
+    try:
+        remote, local = remote_of(backends), backends["LocalCPUBackend"]
+        store = store_of(remote)
+        assert store.__class__.__module__ == "regolith.mooncake"
+        assert store.get_hostname() == "node-0"
+        objs = [filled(local, md, tokens=cfg.chunk_size) for _ in range(3)]
+        keys = [new_key("regolith-seed") for _ in objs]
+        sent = [snapshot(o) for o in objs]
+        remote.batched_submit_put_task(keys, objs)
+        wait_stored(remote, keys)
+        got = remote.batched_get_blocking(keys)
+        assert [snapshot(g) for g in got] == sent
+        # save_chunk_meta False: the bare KV bytes; mooncake_prefer_local_alloc: on this node
+        assert [store.get_size(k.to_string()) for k in keys] == [len(sent[0])] * 3
+        conn = getattr(remote.connection, "_connector", remote.connection)
+        assert conn.replica_config.preferred_segment == "node-0"
+        release(*objs, *got)
     finally:
         close_all(backends)
 
