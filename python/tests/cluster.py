@@ -4,7 +4,8 @@ cluster token and state, in a temp dir, on a free block of ports). It is stopped
 (``up`` stops its children) and its directory removed.
 
 Binaries: ``$REGOLITH_CLI_BIN`` / ``$REGOLITH_METAD_BIN`` / ``$REGOLITH_SIDECAR_BIN``, else the
-workspace's ``target/release`` (``$CARGO_TARGET_DIR`` when set). Build them with
+workspace's ``target/release``, else ``target/debug`` (``$CARGO_TARGET_DIR`` when set;
+``REGOLITH_BIN_PROFILE=debug`` picks one). Build them with
 ``cargo build --release -p regolith-cli -p regolith-metad -p regolith-sidecar``.
 """
 
@@ -32,13 +33,17 @@ def binary(name: str) -> Path:
     env = os.environ.get(_ENV[name])
     if env:
         return Path(env)
-    path = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "release" / name
-    if not path.exists():
-        raise RuntimeError(
-            f"{path} not found: build it with `cargo build --release -p regolith-cli "
-            f"-p regolith-metad -p regolith-sidecar` or set {_ENV[name]}"
-        )
-    return path
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    profile = os.environ.get("REGOLITH_BIN_PROFILE")
+    # The named profile, else a release build when there is one, else the debug build.
+    dirs = [target / profile] if profile else [target / "release", target / "debug"]
+    for d in dirs:
+        if (d / name).exists():
+            return d / name
+    raise RuntimeError(
+        f"{name} not found in {', '.join(map(str, dirs))}: build it with `cargo build "
+        f"--release -p regolith-cli -p regolith-metad -p regolith-sidecar` or set {_ENV[name]}"
+    )
 
 
 def pattern(n: int, seed: int = 1) -> bytes:
