@@ -126,6 +126,9 @@ pub struct Report {
     pub indeterminate_puts: usize,
     pub indeterminate_puts_seen: usize,
     pub indeterminate_seen_examples: Vec<String>,
+    /// Gets the store answered as a miss because the bytes failed their checksum (no bytes
+    /// were returned: never an anomaly, but counted).
+    pub corrupt_misses: usize,
     pub counters: Counters,
     /// Terms seen in the samples, and how many samples claimed a leader.
     pub terms_seen: usize,
@@ -174,14 +177,16 @@ impl Report {
         let _ = writeln!(
             s,
             "leader claims: {} samples over {} terms; metad counters: evicted {}, \
-             dead-node dropped {}; excused losses {}; indeterminate puts {} (later read: {})",
+             dead-node dropped {}; excused losses {}; indeterminate puts {} (later read: {}); \
+             checksum-mismatch misses {}",
             self.claims,
             self.terms_seen,
             self.counters.evicted_objects,
             self.counters.dead_node_dropped_objects,
             self.excused_losses,
             self.indeterminate_puts,
-            self.indeterminate_puts_seen
+            self.indeterminate_puts_seen,
+            self.corrupt_misses
         );
         for e in &self.indeterminate_seen_examples {
             let _ = writeln!(s, "  indeterminate put that took effect: {e}");
@@ -294,6 +299,10 @@ pub fn check(input: &CheckInput<'_>) -> Report {
             .count(),
         indeterminate_puts_seen: seen_count,
         indeterminate_seen_examples: seen_examples,
+        corrupt_misses: ops
+            .iter()
+            .filter(|o| matches!(o.result, OpResult::Ok(Reply::CorruptMiss { .. })))
+            .count(),
         counters: input.counters,
         terms_seen,
         claims,
@@ -1075,6 +1084,53 @@ mod tests {
         h.get(3, "a", (0, 5), H::found(7));
         h.put(1, "a", 7, (10, 20), H::stored(1));
         assert!(kinds(&h.check()).contains(&AnomalyKind::WrongRead));
+    }
+
+    #[test]
+    fn a_checksum_mismatch_miss_is_counted_but_no_anomaly_nor_absence() {
+        let mut h = H::default();
+        h.put(1, "k", 1, (0, 10), H::stored(1));
+        h.get(
+            2,
+            "k",
+            (20, 30),
+            OpResult::Ok(Reply::CorruptMiss {
+                detail: "checksum failed on every replica".into(),
+            }),
+        );
+        h.get(2, "k", (40, 50), H::found(1));
+        let r = h.check();
+        assert!(r.passed(), "{r}");
+        assert_eq!(r.corrupt_misses, 1);
+        assert!(r.table().contains("checksum-mismatch misses 1"));
+        // Returned bytes that are no value are always an anomaly, even on a gone segment.
+        h.rec.events.push(Event {
+            at_us: 15_000,
+            kind: EventKind::GenerationGone {
+                loc: ReplicaLoc {
+                    node: 1,
+                    generation: 1,
+                },
+                why: "kill -9".into(),
+                heard_at_us: None,
+            },
+        });
+        h.get(
+            2,
+            "k",
+            (60, 70),
+            OpResult::Ok(Reply::Corrupt {
+                detail: "differs from byte 9000 on".into(),
+            }),
+        );
+        let counted = Counters {
+            evicted_objects: 0,
+            dead_node_dropped_objects: 1,
+        };
+        assert_eq!(
+            kinds(&h.check_with(&[], counted)),
+            vec![AnomalyKind::WrongRead]
+        );
     }
 
     #[test]
