@@ -470,6 +470,39 @@ fn metad_err(e: &regolith_proto::Error) -> pb::Status {
     uds::status(code, format!("metad: {e}"))
 }
 
+/// Whether a failed call to metad may still have taken effect: it was sent and got no
+/// definite answer (a lost reply, a timeout, a leader deposed after appending it). Only calls
+/// never sent or refused before any effect are definite.
+fn may_have_applied(e: &regolith_proto::Error) -> bool {
+    use regolith_proto::Error as E;
+    !matches!(
+        e,
+        E::BadAddress { .. }
+            | E::Config(_)
+            | E::Rpc {
+                code: tonic::Code::InvalidArgument
+                    | tonic::Code::Unauthenticated
+                    | tonic::Code::PermissionDenied,
+                ..
+            }
+    )
+}
+
+/// The status of a commit that got no definite answer. It may have been applied, so it must
+/// not look like a refused commit (UNAVAILABLE, which the client retries with a fresh
+/// reservation: the retry would answer ALREADY_EXISTS for the caller's own value): TIMEOUT
+/// means "outcome unknown".
+fn commit_err(e: &regolith_proto::Error) -> pb::Status {
+    if may_have_applied(e) {
+        uds::status(
+            pb::Code::Timeout,
+            format!("metad: commit outcome unknown (the object may be stored): {e}"),
+        )
+    } else {
+        metad_err(e)
+    }
+}
+
 fn options(o: Option<pb::PutOptions>) -> mpb::PutOptions {
     let o = o.unwrap_or_default();
     mpb::PutOptions {
@@ -716,7 +749,7 @@ async fn put_commit(
                     Some(s) => uds::status(code_of(s.code), s.message),
                     None => uds::status(pb::Code::Internal, "commit answered fewer items"),
                 },
-                Err(e) => metad_err(e),
+                Err(e) => commit_err(e),
             };
             if status.code == 0 {
                 if let Some(p) = &p {
@@ -1303,4 +1336,38 @@ async fn stats(side: &Arc<Sidecar>) -> pb::StatsReply {
         Err(e) => r.status = Some(metad_err(&e)),
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_without_a_definite_answer_is_outcome_unknown() {
+        let rpc = |code| regolith_proto::Error::Rpc {
+            addr: "m1:50051".into(),
+            code,
+            message: String::new(),
+        };
+        for e in [
+            rpc(tonic::Code::DeadlineExceeded),
+            rpc(tonic::Code::Unavailable),
+            rpc(tonic::Code::Cancelled),
+            regolith_proto::Error::NotLeader {
+                addr: "m1:50051".into(),
+                leader: None,
+            },
+        ] {
+            assert_eq!(commit_err(&e).code, pb::Code::Timeout as i32, "{e}");
+        }
+        assert_eq!(
+            commit_err(&rpc(tonic::Code::InvalidArgument)).code,
+            pb::Code::InvalidArgument as i32
+        );
+        let never_sent = regolith_proto::Error::BadAddress {
+            addr: "x".into(),
+            reason: "bad".into(),
+        };
+        assert_eq!(commit_err(&never_sent).code, pb::Code::Unavailable as i32);
+    }
 }
