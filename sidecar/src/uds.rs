@@ -1196,8 +1196,8 @@ async fn get_size(side: &Arc<Sidecar>, req: pb::KeysRequest) -> pb::SizesReply {
 
 async fn remove(side: &Arc<Sidecar>, req: pb::KeysRequest) -> pb::RemoveReply {
     let keys = req.keys.clone();
-    match side.metad.remove(req.keys).await {
-        Ok(r) => pb::RemoveReply {
+    match remove_counting_failures(&side.metad, req.keys).await {
+        Ok((r, failed_attempts)) => pb::RemoveReply {
             status: Some(uds::ok()),
             statuses: keys
                 .iter()
@@ -1206,23 +1206,51 @@ async fn remove(side: &Arc<Sidecar>, req: pb::KeysRequest) -> pb::RemoveReply {
                         .iter()
                         .chain(std::iter::repeat(&(mpb::Code::Internal as i32))),
                 )
-                .map(|(k, c)| {
-                    let code = code_of(*c);
-                    uds::status(
-                        code,
-                        if code == pb::Code::Ok {
-                            String::new()
-                        } else {
-                            format!("{k:?}: {code:?}")
-                        },
-                    )
-                })
+                .map(|(k, c)| remove_status(k, *c, failed_attempts))
                 .collect(),
         },
         Err(e) => pb::RemoveReply {
             status: Some(metad_err(&e)),
             statuses: vec![],
         },
+    }
+}
+
+/// A remove through the leader-following client (which retries across elections), and how
+/// many of its attempts failed without an answer. Such an attempt may have been applied.
+async fn remove_counting_failures(
+    metad: &regolith_proto::client::MetadClient,
+    keys: Vec<String>,
+) -> regolith_proto::Result<(mpb::RemoveResponse, u32)> {
+    let req = mpb::RemoveRequest { keys };
+    let failed = std::sync::atomic::AtomicU32::new(0);
+    let (req, counter) = (&req, &failed);
+    let (resp, _) = metad
+        .call("remove", |mut c| async move {
+            let r = c.remove(req.clone()).await;
+            if r.is_err() {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+            r
+        })
+        .await?;
+    Ok((resp, failed.load(Ordering::Relaxed)))
+}
+
+/// One key's answer to a remove. NOT_FOUND after an attempt that got no answer is no proof the
+/// key was absent — that attempt may have removed it — so it answers TIMEOUT (outcome unknown).
+fn remove_status(key: &str, code: i32, failed_attempts: u32) -> pb::Status {
+    let code = code_of(code);
+    match code {
+        pb::Code::Ok => uds::ok(),
+        pb::Code::NotFound if failed_attempts > 0 => uds::status(
+            pb::Code::Timeout,
+            format!(
+                "{key:?}: outcome unknown: not found now, but an earlier attempt got no answer \
+                 and may have removed it"
+            ),
+        ),
+        code => uds::status(code, format!("{key:?}: {code:?}")),
     }
 }
 
@@ -1369,5 +1397,19 @@ mod tests {
             reason: "bad".into(),
         };
         assert_eq!(commit_err(&never_sent).code, pb::Code::Unavailable as i32);
+    }
+
+    #[test]
+    fn not_found_after_an_unanswered_remove_attempt_is_outcome_unknown() {
+        let not_found = mpb::Code::NotFound as i32;
+        assert_eq!(
+            remove_status("k", not_found, 0).code,
+            pb::Code::NotFound as i32
+        );
+        assert_eq!(
+            remove_status("k", not_found, 1).code,
+            pb::Code::Timeout as i32
+        );
+        assert_eq!(remove_status("k", mpb::Code::Ok as i32, 2).code, 0);
     }
 }
