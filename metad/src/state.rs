@@ -56,6 +56,9 @@ pub enum Effect {
 pub struct NodeRecord {
     pub name: String,
     pub last_generation: u64,
+    /// The generation last unmounted gracefully (drained or shut down), 0 for none: its sidecar
+    /// is told to stay unmounted rather than to mount a new generation.
+    pub retired_generation: u64,
 }
 
 /// Replicated counters.
@@ -190,6 +193,13 @@ impl StateMachine {
 
     pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
         self.names.get(name).copied()
+    }
+
+    /// Whether this exact segment generation was unmounted gracefully.
+    pub fn retired(&self, seg: &SegmentId) -> bool {
+        self.nodes
+            .get(&seg.node)
+            .is_some_and(|r| r.retired_generation == seg.generation && seg.generation != 0)
     }
 
     pub fn node(&self, id: NodeId) -> Option<&NodeRecord> {
@@ -333,6 +343,7 @@ impl StateMachine {
                     NodeRecord {
                         name: name.to_string(),
                         last_generation: 0,
+                        retired_generation: 0,
                     },
                 );
                 id
@@ -388,6 +399,11 @@ impl StateMachine {
     ) -> Option<u64> {
         self.segments.remove(&seg)?;
         self.free.remove(&seg);
+        if reason == UnmountReason::Graceful {
+            if let Some(rec) = self.nodes.get_mut(&seg.node) {
+                rec.retired_generation = seg.generation;
+            }
+        }
         if self.node_segment.get(&seg.node) == Some(&seg) {
             self.node_segment.remove(&seg.node);
         }

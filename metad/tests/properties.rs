@@ -648,3 +648,62 @@ fn simulation_exercises_the_interesting_paths() {
         "{c:?}"
     );
 }
+
+#[test]
+fn drained_generation_is_told_to_stay_unmounted_and_a_dead_one_to_remount() {
+    let mut core = Core::new(CacheConfig::default());
+    let now = Now {
+        mono_ms: 1_000,
+        wall_ms: 1_000,
+    };
+    core.become_leader(1, now);
+    for n in ["a", "b"] {
+        core.apply(
+            &Command::MountSegment {
+                node_name: n.into(),
+                node_id_hint: 0,
+                capacity: CAP,
+                data_addrs: vec![],
+                now_ms: 0,
+            },
+            now,
+        );
+    }
+    let segs: Vec<SegmentId> = core.sm().segments().map(|s| s.id).collect();
+    core.apply(
+        &Command::UnmountSegment {
+            segment: segs[0],
+            reason: UnmountReason::Graceful,
+        },
+        now,
+    );
+    core.apply(
+        &Command::UnmountSegment {
+            segment: segs[1],
+            reason: UnmountReason::Dead,
+        },
+        now,
+    );
+    let (l, sm) = core.leader_parts().unwrap();
+    let r = l.heartbeat(
+        sm,
+        &Heartbeat {
+            segment: segs[0],
+            ..Default::default()
+        },
+        now,
+    );
+    assert!(r.unmounted && !r.remount, "{r:?}");
+    let r = l.heartbeat(
+        sm,
+        &Heartbeat {
+            segment: segs[1],
+            ..Default::default()
+        },
+        now,
+    );
+    assert!(r.remount && !r.unmounted, "{r:?}");
+    // A snapshot keeps the distinction.
+    let restored = StateMachine::read_snapshot(&mut core.sm().snapshot_bytes().as_slice()).unwrap();
+    assert!(restored.retired(&segs[0]) && !restored.retired(&segs[1]));
+}

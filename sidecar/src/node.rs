@@ -44,6 +44,8 @@ pub struct Sidecar {
     pub shutting_down: AtomicBool,
     pub puts: AtomicU64,
     pub gets: AtomicU64,
+    /// The segment was drained and unmounted gracefully: stays so until restart.
+    pub retired: AtomicBool,
     /// The data-plane server (none on a consumer-only node); taken at shutdown.
     pub server: Mutex<Option<crate::transport::tcp::TcpServer>>,
 }
@@ -301,6 +303,15 @@ impl Sidecar {
             .metad_term
             .set(self.tracker.highest_term() as i64);
         *self.leader.lock() = (reply.term, reply.leader_id);
+        if reply.unmounted {
+            if !self.retired.swap(true, Ordering::AcqRel) {
+                tracing::warn!(
+                    generation = self.tracker.generation(),
+                    "this segment was drained and unmounted: it takes no more data; local clients are served as by a consumer-only node until restart"
+                );
+            }
+            return true;
+        }
         if reply.remount {
             self.remount().await;
             return true;

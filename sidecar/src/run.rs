@@ -168,6 +168,7 @@ pub async fn run(settings: Settings, mut shutdown: watch::Receiver<bool>) -> Res
         shutting_down: AtomicBool::new(false),
         puts: AtomicU64::new(0),
         gets: AtomicU64::new(0),
+        retired: AtomicBool::new(false),
         server: Mutex::new(server),
     });
     side.heartbeat_once().await;

@@ -24,8 +24,25 @@ use crate::transport::{Admission, WriteGuard, WriteSlice};
 
 pub type Key = (u64, u64);
 
-/// How long a reservation that received slices is remembered after its last slice.
-pub const REMEMBER: Duration = Duration::from_secs(120);
+/// How long a reservation that received slices is remembered after its last slice: past
+/// metad's put timeout (30 s by default) its writer can no longer commit it, and slices of an
+/// older term are refused anyway once a newer term was seen.
+pub const REMEMBER: Duration = Duration::from_secs(40);
+
+/// Adds `[off, off+len)` to a list of extents, merging it with an adjacent or overlapping one
+/// (slices of one transfer arrive in pieces of one range).
+fn add_extent(v: &mut Vec<(u64, u64)>, off: u64, len: u64) {
+    for e in v.iter_mut() {
+        let (s, l) = *e;
+        if off <= s + l && s <= off + len {
+            let start = s.min(off);
+            let end = (s + l).max(off + len);
+            *e = (start, end - start);
+            return;
+        }
+    }
+    v.push((off, len));
+}
 
 #[derive(Debug, Default)]
 struct Remote {
@@ -203,10 +220,7 @@ impl Admission for TrackerAdmission {
                 return Err(Status::Fenced);
             }
             let r = g.remote.entry(key).or_default();
-            let ext = (req.offset, req.len as u64);
-            if !r.extents.contains(&ext) {
-                r.extents.push(ext);
-            }
+            add_extent(&mut r.extents, req.offset, req.len as u64);
             r.active += 1;
             r.last = Some(Instant::now());
         }
@@ -245,6 +259,16 @@ mod tests {
             term,
             res_id: id,
         }
+    }
+
+    #[test]
+    fn slices_of_one_range_merge() {
+        let mut v = Vec::new();
+        add_extent(&mut v, 0, 100);
+        add_extent(&mut v, 100, 50);
+        add_extent(&mut v, 500, 10);
+        add_extent(&mut v, 20, 10);
+        assert_eq!(v, vec![(0, 150), (500, 10)]);
     }
 
     #[test]

@@ -25,7 +25,7 @@ use regolith_proto::frame::{self, FrameCodec};
 use regolith_proto::metad as mpb;
 use regolith_proto::uds::{self, pb, Op};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{watch, Semaphore};
 
 use crate::error::{Error, Result};
 use crate::node::{PutSource, Sidecar};
@@ -222,18 +222,14 @@ async fn session(
         Some(c) => Arc::new(c),
         None => return Ok(()),
     };
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(1024);
-    let writer = {
-        let sock = sock.clone();
-        tokio::spawn(async move {
-            while let Some(bytes) = rx.recv().await {
-                if write_all(&sock, &bytes).await.is_err() {
-                    return;
-                }
-            }
-        })
-    };
-    let slots = Arc::new(Semaphore::new(side.settings.max_in_flight as usize));
+    // Each request's task writes its own reply (under a lock), saving a hop through a writer
+    // task on the latency path.
+    let tx = Arc::new(Replier {
+        sock: sock.clone(),
+        lock: tokio::sync::Mutex::new(()),
+    });
+    let max = side.settings.max_in_flight as usize;
+    let slots = Arc::new(Semaphore::new(max));
     let result = loop {
         let f = match reader.next(&sock).await {
             Ok(Some(f)) => f,
@@ -243,16 +239,15 @@ async fn session(
         let Some(op) = Op::from_u16(f.opcode).filter(|op| *op != Op::Hello && *op != Op::Error)
         else {
             side.metrics.uds_bad_frames.inc();
-            let _ = tx
-                .send(encode(
-                    Op::Error as u16,
-                    f.request_id,
-                    &error_body(
-                        pb::Code::InvalidArgument,
-                        &format!("unknown opcode {}", f.opcode),
-                    ),
-                ))
-                .await;
+            tx.send(encode(
+                Op::Error as u16,
+                f.request_id,
+                &error_body(
+                    pb::Code::InvalidArgument,
+                    &format!("unknown opcode {}", f.opcode),
+                ),
+            ))
+            .await;
             continue;
         };
         let fd = if op == Op::RegisterShm {
@@ -279,13 +274,25 @@ async fn session(
             };
             side.metrics.observe_op(op.name(), start.elapsed());
             drop(permit);
-            let _ = tx.send(reply).await;
+            tx.send(reply).await;
         });
     };
-    drop(tx);
-    let _ = writer.await;
+    // Wait for every request in progress before cleaning up after the client.
+    let _ = slots.acquire_many(max as u32).await;
     close(side, &conn).await;
     result
+}
+
+struct Replier {
+    sock: Arc<UnixStream>,
+    lock: tokio::sync::Mutex<()>,
+}
+
+impl Replier {
+    async fn send(&self, bytes: Vec<u8>) {
+        let _g = self.lock.lock().await;
+        let _ = write_all(&self.sock, &bytes).await;
+    }
 }
 
 /// Answers hello: negotiates the version and hands over the segment and a staging area.

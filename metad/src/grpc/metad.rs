@@ -409,6 +409,7 @@ impl Metad for MetadService {
                 term: obs.term,
                 leader_id: self.node.id,
                 remount: reply.remount,
+                unmounted: reply.unmounted,
                 quarantined: reply
                     .quarantined
                     .into_iter()

@@ -89,6 +89,8 @@ pub struct Heartbeat {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HeartbeatReply {
     pub remount: bool,
+    /// The generation was unmounted gracefully (drained): do not mount another.
+    pub unmounted: bool,
     pub quarantined: Vec<Version>,
     pub draining: bool,
 }
@@ -378,8 +380,10 @@ impl Leader {
     /// reservations it still has in flight and makes the segment ready for placements.
     pub fn heartbeat(&mut self, sm: &StateMachine, hb: &Heartbeat, now: Now) -> HeartbeatReply {
         let Some(seg) = sm.segment(&hb.segment) else {
+            let retired = sm.retired(&hb.segment);
             return HeartbeatReply {
-                remount: true,
+                remount: !retired,
+                unmounted: retired,
                 ..Default::default()
             };
         };
@@ -405,6 +409,7 @@ impl Leader {
         }
         HeartbeatReply {
             remount: false,
+            unmounted: false,
             quarantined: self.res.quarantined_on(&hb.segment),
             draining: matches!(seg.state, SegmentState::Draining { .. }),
         }

@@ -1,0 +1,463 @@
+//! The `regolith` CLI end to end: `regolith up` (real metad and sidecar processes), put through
+//! one sidecar and get through the other, status, ls, rm, the socket files, a clean SIGTERM
+//! stop; and the exit codes of bad flags and failed operations.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const REGOLITH: &str = env!("CARGO_BIN_EXE_e2e-regolith");
+const METAD: &str = env!("CARGO_BIN_EXE_e2e-metad");
+const SIDECAR: &str = env!("CARGO_BIN_EXE_e2e-sidecar");
+
+/// `regolith up --base-port P` takes P..P+49 on 127.0.0.1 and the sidecars' NIC addresses.
+fn block_is_free(base: u16, sidecars: u8) -> bool {
+    let mut addrs: Vec<String> = (0..50).map(|i| format!("127.0.0.1:{}", base + i)).collect();
+    for i in 0..sidecars {
+        for nic in 1..=2 {
+            addrs.push(format!("127.0.{}.{nic}:{}", 10 + i, base + 40 + i as u16));
+        }
+    }
+    addrs.iter().all(|a| TcpListener::bind(a.as_str()).is_ok())
+}
+
+/// A free block of ports below the ephemeral range (where other tests' free ports come from).
+fn free_base_port() -> u16 {
+    for _ in 0..200 {
+        let base = 20_000 + 50 * (rand::random::<u16>() % 240);
+        if block_is_free(base, 2) {
+            return base;
+        }
+    }
+    panic!("no free block of 50 ports in 20000..32000");
+}
+
+/// A `regolith` command with a clean environment (no REGOLITH_* of the caller).
+fn regolith(dir: &Path) -> Command {
+    let mut c = Command::new(REGOLITH);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("REGOLITH_") {
+            c.env_remove(k);
+        }
+    }
+    c.arg("--dir").arg(dir);
+    c
+}
+
+fn run(mut c: Command, stdin: Option<&[u8]>) -> Output {
+    c.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("spawn regolith");
+    if let Some(bytes) = stdin {
+        let mut w = child.stdin.take().expect("stdin");
+        w.write_all(bytes).expect("write stdin");
+    }
+    child.wait_with_output().expect("regolith output")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[track_caller]
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "regolith failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+#[track_caller]
+fn fails_with(out: &Output, code: i32, needle: &str) {
+    let err = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "expected exit {code}, got {}; stderr: {err}",
+        out.status
+    );
+    assert!(
+        err.to_lowercase().contains(&needle.to_lowercase()),
+        "stderr should mention {needle:?}: {err}"
+    );
+    assert!(!err.contains("panicked"), "a panic: {err}");
+}
+
+/// `regolith up` running in the background; killed (with its children, by their parent-death
+/// signal) if the test fails before stopping it.
+struct Up {
+    child: Option<Child>,
+    lines: mpsc::Receiver<String>,
+    stdout: Vec<String>,
+}
+
+impl Up {
+    fn start(dir: &Path, base: u16) -> Up {
+        let mut c = regolith(dir);
+        c.args(["up", "--base-port", &base.to_string()])
+            .args(["--metad-bin", METAD, "--sidecar-bin", SIDECAR])
+            .args(["--segment-size", "64MiB", "--ready-timeout", "90s"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = c.spawn().expect("spawn regolith up");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut up = Up {
+            child: Some(child),
+            lines,
+            stdout: Vec::new(),
+        };
+        up.wait_ready(dir, Duration::from_secs(120));
+        up
+    }
+
+    fn wait_ready(&mut self, dir: &Path, timeout: Duration) {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            match self.lines.recv_timeout(Duration::from_millis(200)) {
+                Ok(l) => {
+                    let ready = l.starts_with("ready:");
+                    self.stdout.push(l);
+                    if ready {
+                        return;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        dump_logs(dir);
+        panic!(
+            "regolith up did not print ready; its stdout:\n{}",
+            self.stdout.join("\n")
+        );
+    }
+
+    fn output(&self) -> String {
+        self.stdout.join("\n")
+    }
+
+    fn terminate_and_wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("SIGTERM");
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(st) = child.try_wait().expect("wait") {
+                return st;
+            }
+            if Instant::now() > end {
+                let _ = child.kill();
+                panic!("regolith up did not exit within {timeout:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn dump_logs(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir.join("logs")) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let t = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let lines: Vec<&str> = t.lines().collect();
+        eprintln!("----- {} -----", e.path().display());
+        for l in &lines[lines.len().saturating_sub(30)..] {
+            eprintln!("{l}");
+        }
+    }
+}
+
+/// Every socket file and every symbolic link under `dir`.
+fn sockets_and_links(dir: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let (mut socks, mut links) = (Vec::new(), Vec::new());
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let ft = e.file_type().expect("file type");
+            if ft.is_symlink() {
+                links.push(e.path());
+            } else if ft.is_socket() {
+                socks.push(e.path());
+            } else if ft.is_dir() {
+                todo.push(e.path());
+            }
+        }
+    }
+    socks.sort();
+    (socks, links)
+}
+
+fn value(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 29) as u8)
+        .collect()
+}
+
+#[test]
+fn up_put_get_status_ls_rm_and_a_clean_stop() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("cluster");
+    let base = free_base_port();
+    let mut up = Up::start(&dir, base);
+    let dir = dir.canonicalize().expect("dir");
+    let shown = up.output();
+    let sock0 = dir.join("node-0.sock");
+    let sock1 = dir.join("node-1.sock");
+    for s in [&sock0, &sock1] {
+        assert!(
+            shown.contains(&s.display().to_string()),
+            "up names {}:\n{shown}",
+            s.display()
+        );
+    }
+    assert!(
+        shown.contains(&format!("127.0.0.1:{base}")),
+        "up names the metad addresses:\n{shown}"
+    );
+    assert!(shown.contains("NODE") && shown.contains("ALIVE"), "{shown}");
+    let metad_list = format!(
+        "127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+        base,
+        base + 1,
+        base + 2
+    );
+    assert!(
+        shown.contains(&format!("export REGOLITH_METAD={metad_list}")),
+        "{shown}"
+    );
+
+    // Put a file through sidecar 0, get it through sidecar 1, byte for byte.
+    let v = value(3 << 20 | 777);
+    let input = tmp.path().join("in.bin");
+    std::fs::write(&input, &v).unwrap();
+    let mut c = regolith(&dir);
+    c.arg("--socket").arg(&sock0);
+    c.args(["put", "chunk/1"]).arg(&input).arg("--prefer-local");
+    let said = ok(&run(c, None));
+    assert!(said.contains("node-0"), "{said}");
+    let output = tmp.path().join("out.bin");
+    let mut c = regolith(&dir);
+    c.args(["get", "chunk/1"])
+        .arg(&output)
+        .arg("--socket")
+        .arg(&sock1);
+    ok(&run(c, None));
+    assert!(
+        std::fs::read(&output).unwrap() == v,
+        "the bytes got through node-1 differ"
+    );
+    // Through stdin and stdout as well.
+    let mut c = regolith(&dir);
+    c.arg("--socket").arg(&sock1).args(["put", "chunk/2", "-"]);
+    ok(&run(c, Some(b"hello regolith")));
+    let mut c = regolith(&dir);
+    c.arg("--socket").arg(&sock0).args(["get", "chunk/2"]);
+    let out = run(c, None);
+    ok(&out);
+    assert_eq!(out.stdout, b"hello regolith");
+    // An existing key: refused, exit 1.
+    let mut c = regolith(&dir);
+    c.arg("--socket").arg(&sock0).args(["put", "chunk/2", "-"]);
+    fails_with(&run(c, Some(b"other")), 1, "already exists");
+
+    // status --json, found through --dir (cluster.json and the token) ...
+    let mut c = regolith(&dir);
+    c.args(["status", "--json"]);
+    let st: serde_json::Value = serde_json::from_str(&ok(&run(c, None))).expect("status JSON");
+    assert_eq!(st["members"].as_array().map(Vec::len), Some(3), "{st}");
+    let live = st["segments"]
+        .as_array()
+        .expect("segments")
+        .iter()
+        .filter(|s| s["alive"] == true)
+        .count();
+    assert_eq!(live, 2, "{st}");
+    assert!(st["leader_id"].as_u64().is_some(), "{st}");
+    assert_eq!(st["keys"], 2, "{st}");
+    // ... and through the printed export lines, from another directory.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let mut c = Command::new(REGOLITH);
+    c.current_dir(elsewhere.path())
+        .env("REGOLITH_METAD", &metad_list)
+        .env("REGOLITH_CLUSTER_TOKEN_FILE", dir.join("token"))
+        .env("REGOLITH_SOCKET", &sock1)
+        .arg("status");
+    let table = ok(&run(c, None));
+    assert!(table.contains("leader: metad"), "{table}");
+    assert!(
+        table.contains("node-0") && table.contains("node-1"),
+        "{table}"
+    );
+
+    // ls, with and without a prefix.
+    let mut c = regolith(&dir);
+    c.arg("ls");
+    assert_eq!(ok(&run(c, None)), "chunk/1\nchunk/2\n");
+    let mut c = regolith(&dir);
+    c.args(["ls", "chunk/1", "-l"]);
+    let long = ok(&run(c, None));
+    assert!(long.starts_with("chunk/1\t3.0 MiB\t1\t"), "{long}");
+    let mut c = regolith(&dir);
+    c.args(["ls", "nothing-here"]);
+    assert_eq!(ok(&run(c, None)), "");
+
+    // A missing key: exit 1, saying so.
+    let mut c = regolith(&dir);
+    c.args(["get", "no/such/key"]);
+    fails_with(&run(c, None), 1, "not found");
+
+    // members and segments.
+    let mut c = regolith(&dir);
+    c.args(["members", "list"]);
+    let m = ok(&run(c, None));
+    assert!(
+        m.contains("leader") && m.contains(&format!("127.0.0.1:{}", base + 2)),
+        "{m}"
+    );
+    let mut c = regolith(&dir);
+    c.args(["segments", "list"]);
+    assert!(ok(&run(c, None)).contains("node-1"));
+    let mut c = regolith(&dir);
+    c.args(["segments", "drain", "no-such-node"]);
+    let out = run(c, None);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+
+    // rm, then the key is gone.
+    let mut c = regolith(&dir);
+    c.args(["rm", "chunk/1"]);
+    ok(&run(c, None));
+    let mut c = regolith(&dir);
+    c.args(["get", "chunk/1"]).arg("--socket").arg(&sock1);
+    fails_with(&run(c, None), 1, "not found");
+    let mut c = regolith(&dir);
+    c.args(["rm", "chunk/1"]);
+    fails_with(&run(c, None), 1, "not found");
+    let mut c = regolith(&dir);
+    c.arg("ls");
+    assert_eq!(ok(&run(c, None)), "chunk/2\n");
+
+    // Exactly one socket per sidecar under --dir, no links.
+    let (socks, links) = sockets_and_links(&dir);
+    assert_eq!(socks, vec![sock0.clone(), sock1.clone()]);
+    assert!(links.is_empty(), "links under --dir: {links:?}");
+
+    // SIGTERM: up stops every child and exits 0.
+    let cluster: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cluster.json")).unwrap()).unwrap();
+    let pids: Vec<u64> = cluster["metad"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(cluster["sidecars"].as_array().unwrap())
+        .map(|p| p["pid"].as_u64().expect("pid"))
+        .collect();
+    assert_eq!(pids.len(), 5);
+    for pid in &pids {
+        assert!(
+            Path::new(&format!("/proc/{pid}")).exists(),
+            "pid {pid} runs"
+        );
+    }
+    let st = up.terminate_and_wait(Duration::from_secs(60));
+    if !st.success() {
+        dump_logs(&dir);
+    }
+    assert!(st.success(), "regolith up exited with {st}");
+    for pid in &pids {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "child {pid} outlived regolith up"
+        );
+    }
+    let (socks, _) = sockets_and_links(&dir);
+    assert!(socks.is_empty(), "sockets left after the stop: {socks:?}");
+}
+
+#[test]
+fn bad_flags_exit_2_and_failures_exit_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    for (args, needle) in [
+        (vec!["up", "--segment-size", "lots"], "segment-size"),
+        (vec!["up", "--metad", "0"], "--metad"),
+        (vec!["up", "--base-port", "65530"], "--base-port"),
+        (vec!["up", "--metad-bin", "/no/such/metad"], "--metad-bin"),
+        (vec!["--metad", "127.0.0.1:1", "up"], "--metad"),
+        (vec!["frobnicate"], "frobnicate"),
+        (vec!["put"], "KEY"),
+        (vec!["status", "--timeout", "forever"], "timeout"),
+        (vec!["status", "--metad", "nohost"], "--metad"),
+        (vec!["members", "add", "x", "h:1"], "ID"),
+    ] {
+        let mut c = regolith(dir);
+        c.args(&args);
+        let out = run(c, None);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?} should mention {needle}: {err}"
+        );
+    }
+    // Help and version are not errors.
+    let mut c = regolith(dir);
+    c.arg("--help");
+    assert!(ok(&run(c, None)).contains("up"));
+
+    // No sidecar at the socket: exit 1 with the path.
+    let missing = dir.join("nobody.sock");
+    let mut c = regolith(dir);
+    c.arg("--socket").arg(&missing).args(["get", "k"]);
+    fails_with(&run(c, None), 1, "cannot connect");
+    // An unreadable input file: exit 1 naming it.
+    let mut c = regolith(dir);
+    c.arg("--socket")
+        .arg(&missing)
+        .args(["put", "k", "/no/such/file"]);
+    fails_with(&run(c, None), 1, "/no/such/file");
+    // No metad: exit 1 after the timeout.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut c = regolith(dir);
+    c.args(["status", "--timeout", "300ms", "--metad"])
+        .arg(format!("127.0.0.1:{port}"));
+    fails_with(&run(c, None), 1, "metad");
+}
