@@ -116,6 +116,26 @@ impl Fault {
         }
     }
 
+    /// The fault's kind: its name without parameters (which host, how much).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::KillLeader => "kill-leader",
+            Fault::PauseLeader => "pause-leader",
+            Fault::IsolateLeader => "isolate-leader",
+            Fault::OneWayLeader(OneWay::LeaderDeaf) => "one-way-leader-deaf",
+            Fault::OneWayLeader(OneWay::LeaderMute) => "one-way-leader-mute",
+            Fault::SplitLeaderMinority => "split-2/1-leader-minority",
+            Fault::PacketLoss { .. } => "packet-loss",
+            Fault::RestartAll => "restart-all-metad",
+            Fault::PauseAll => "pause-all-metad",
+            Fault::MembershipChange => "membership-change",
+            Fault::HostCutoff { .. } => "host-cutoff",
+            Fault::NicCut { .. } => "nic-cut",
+            Fault::SidecarCrash { .. } => "sidecar-crash",
+            Fault::DataPortLatency { .. } => "data-latency",
+        }
+    }
+
     /// Faults whose effect only a workload that moves bytes between sidecars can observe.
     pub fn needs_data_plane(&self) -> bool {
         matches!(self, Fault::NicCut { .. } | Fault::DataPortLatency { .. })

@@ -218,6 +218,7 @@ impl<W: Workload> Harness<W> {
     pub fn run_step(&mut self, step: &Step) {
         let mut nemesis: Box<dyn Nemesis> = step.fault.nemesis();
         let name = nemesis.name();
+        let kind = step.fault.kind().to_string();
         let injected_us = self.history.now_us();
         let detail = match nemesis.inject(&mut self.ctx()) {
             Ok(d) => d,
@@ -253,6 +254,7 @@ impl<W: Workload> Harness<W> {
         self.watch(self.cfg.settle);
         self.windows.push(FaultWindow {
             name,
+            kind,
             detail,
             injected_us,
             healed_us,
