@@ -116,6 +116,35 @@ pub enum Command {
     Members(MembersArgs),
     /// Segments (one per sidecar): list, drain
     Segments(SegmentsArgs),
+    /// Benchmark the cluster through the sidecar of --socket: local and remote puts and gets
+    /// at several sizes, beside the machine's memcpy and loopback-TCP ceilings
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub metad: MetadArg,
+    /// Time per benchmark cell
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = duration)]
+    pub duration: Duration,
+    /// Concurrent clients (each its own connection to the sidecar)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub clients: u32,
+    /// Requests in flight per client
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub depth: u32,
+    /// Run only the rows matching MODE/SIZE/OP (any part may be left out), e.g.
+    /// `remote/16MiB/get_into`, `local`, `/4KiB/`, `exists`
+    #[arg(long, value_name = "FILTER")]
+    pub filter: Option<String>,
+    /// Print one JSON object on stdout (the table and progress go to stderr)
+    #[arg(long)]
+    pub json: bool,
+    /// Test of the bench itself: expect one wrong byte in every value read, so every get
+    /// should be reported as an error
+    #[arg(long, hide = true)]
+    pub corrupt_for_test: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -289,6 +318,7 @@ impl Command {
             Command::Rm(a) => &a.metad,
             Command::Members(a) => &a.metad,
             Command::Segments(a) => &a.metad,
+            Command::Bench(a) => &a.metad,
         };
         m.metad.as_deref()
     }

@@ -140,7 +140,7 @@ impl Mapping {
         // for this call; other processes may write the same shared bytes concurrently, which is
         // why readers verify checksums.
         let d = unsafe { std::slice::from_raw_parts_mut(dst, src.len()) };
-        checksum::copy_and_hash(seed, d, src, out);
+        checksum::par_copy_and_hash(seed, d, src, out);
         Ok(())
     }
 
@@ -155,14 +155,7 @@ impl Mapping {
         let src = self.check(offset, dst.len() as u64)?;
         // SAFETY: as in `write_hashed`; the bytes are copied into private memory before use.
         let s = unsafe { std::slice::from_raw_parts(src, dst.len()) };
-        for ((d, c), h) in dst
-            .chunks_mut(checksum::CHUNK)
-            .zip(s.chunks(checksum::CHUNK))
-            .zip(out.iter_mut())
-        {
-            d.copy_from_slice(c);
-            *h = checksum::chunk_hash(seed, d);
-        }
+        checksum::par_copy_and_hash(seed, dst, s, out);
         Ok(())
     }
 

@@ -461,3 +461,83 @@ fn bad_flags_exit_2_and_failures_exit_1() {
         .arg(format!("127.0.0.1:{port}"));
     fails_with(&run(c, None), 1, "metad");
 }
+
+/// Runs `regolith bench --json` for one row; returns the exit status and the parsed report.
+fn bench_row(
+    dir: &Path,
+    filter: &str,
+    corrupt: bool,
+) -> (std::process::ExitStatus, serde_json::Value) {
+    let mut c = regolith(dir);
+    c.args(["bench", "--json", "--duration", "300ms", "--filter", filter]);
+    if corrupt {
+        c.arg("--corrupt-for-test");
+    }
+    let out = run(c, None);
+    let stdout = text(&out.stdout);
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "bench stdout is not one JSON object ({e}):\n{stdout}\nstderr: {}",
+            text(&out.stderr)
+        )
+    });
+    (out.status, report)
+}
+
+#[track_caller]
+fn the_row<'a>(
+    report: &'a serde_json::Value,
+    mode: &str,
+    size: u64,
+    op: &str,
+) -> &'a serde_json::Value {
+    let rows = report["results"].as_array().expect("results array");
+    assert_eq!(rows.len(), 1, "one row for the filter: {report}");
+    let r = &rows[0];
+    assert_eq!(
+        (r["mode"].as_str(), r["size"].as_u64(), r["op"].as_str()),
+        (Some(mode), Some(size), Some(op)),
+        "{r}"
+    );
+    r
+}
+
+#[test]
+fn bench_verifies_every_byte_and_reports_a_wrong_one() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("cluster");
+    let mut up = Up::start(&dir, free_base_port());
+    let dir = dir.canonicalize().expect("dir");
+
+    for (filter, mode, size, op) in [
+        ("local/4KiB/get", "local", 4096, "get"),
+        ("remote/64KiB/get_into", "remote", 65536, "get_into"),
+    ] {
+        // Honest bytes: no error, a measured rate, the ceilings beside it.
+        let (st, report) = bench_row(&dir, filter, false);
+        let r = the_row(&report, mode, size, op);
+        assert!(st.success(), "{filter}: bench failed: {report}");
+        assert_eq!(r["errors"].as_u64(), Some(0), "{r}");
+        assert!(r["ops_per_s"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
+        assert!(r["p50_us"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
+        for c in ["memcpy_gbps", "tcp_gbps"] {
+            assert!(
+                report["ceilings"][c].as_f64().unwrap_or(0.0) > 0.0,
+                "{c}: {report}"
+            );
+        }
+        // One wrong byte in what the bench expects: every verified get is an error, and the run fails.
+        let (st, report) = bench_row(&dir, filter, true);
+        let r = the_row(&report, mode, size, op);
+        assert!(
+            !st.success(),
+            "{filter}: a wrong byte must fail the bench: {report}"
+        );
+        assert!(
+            r["errors"].as_u64().unwrap_or(0) > 0,
+            "{filter}: a wrong byte must be counted: {r}"
+        );
+    }
+    let st = up.terminate_and_wait(Duration::from_secs(30));
+    assert!(st.success(), "regolith up exited with {st}");
+}

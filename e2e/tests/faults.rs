@@ -374,7 +374,9 @@ fn assert_no_overlap(rt: &tokio::runtime::Runtime, mc: &regolith_proto::client::
         start = page.next_start_after;
     }
     let placements = rt.block_on(mc.batch_get(keys.clone(), 0)).unwrap();
-    let mut by_seg: BTreeMap<(u64, u64), Vec<(u64, u64, String)>> = BTreeMap::new();
+    // (node, generation) -> (offset, len, key) of every extent in that segment.
+    type Extents = Vec<(u64, u64, String)>;
+    let mut by_seg: BTreeMap<(u64, u64), Extents> = BTreeMap::new();
     for (k, p) in keys.iter().zip(&placements.items) {
         for r in &p.replicas {
             for e in &r.extents {

@@ -8,12 +8,12 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc's options (read by jemalloc at start-up): a background thread returns dirty pages
 /// after a second instead of holding them for ten.
 #[repr(transparent)]
-pub struct MallocConf(*const u8);
+pub struct MallocConf(*const std::ffi::c_char);
 // SAFETY: a pointer to an immutable, NUL-terminated static string.
 unsafe impl Sync for MallocConf {}
 #[export_name = "_rjem_malloc_conf"]
 pub static MALLOC_CONF: MallocConf =
-    MallocConf(b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:1000\0".as_ptr());
+    MallocConf(c"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:1000".as_ptr());
 
 fn main() -> std::process::ExitCode {
     regolith_metad::run::main_with_args(std::env::args().collect())

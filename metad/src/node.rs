@@ -163,7 +163,18 @@ impl Node {
                 source: e,
             })?;
         tracing::info!(addr = %self.settings.listen, id = self.id, "gRPC listening");
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // tonic sets TCP_NODELAY only on sockets it accepts itself; these are ours. Without it,
+        // Nagle's algorithm and delayed ACKs add ~40 ms to any reply larger than one segment.
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            |s| {
+                s.inspect(|s| {
+                    if let Err(e) = s.set_nodelay(true) {
+                        tracing::debug!(error = %e, "TCP_NODELAY");
+                    }
+                })
+            },
+        );
         let mut sd = shutdown.clone();
         let grpc = tonic::transport::Server::builder()
             .tcp_nodelay(true)

@@ -27,7 +27,7 @@ fn concrete(sm: &StateMachine, op: u8, a: u64, b: u64, c: u64) -> Command {
             data_addrs: vec![format!("127.0.0.1:{}", 7600 + a % 4)],
             now_ms: c,
         },
-        1 | 2 | 3 if !segs.is_empty() => {
+        1..=3 if !segs.is_empty() => {
             let size = 1 + b % 9000;
             let n = 1 + (c % 2) as usize;
             let replicas = (0..n)
@@ -60,7 +60,7 @@ fn concrete(sm: &StateMachine, op: u8, a: u64, b: u64, c: u64) -> Command {
                     1 => Pin::Soft { until_ms: b % 5000 },
                     _ => Pin::None,
                 },
-                expires_ms: if a % 3 == 0 { b % 5000 } else { 0 },
+                expires_ms: if a.is_multiple_of(3) { b % 5000 } else { 0 },
             }
         }
         4 => Command::Remove {
@@ -74,13 +74,13 @@ fn concrete(sm: &StateMachine, op: u8, a: u64, b: u64, c: u64) -> Command {
         },
         8 if !segs.is_empty() => Command::UnmountSegment {
             segment: segs[(a as usize) % segs.len()],
-            reason: if b % 2 == 0 {
+            reason: if b.is_multiple_of(2) {
                 UnmountReason::Dead
             } else {
                 UnmountReason::Graceful
             },
         },
-        9 if !segs.is_empty() && a % 7 == 0 => Command::RemoveAll,
+        9 if !segs.is_empty() && a.is_multiple_of(7) => Command::RemoveAll,
         9 if !segs.is_empty() => Command::DrainSegment {
             segment: segs[(a as usize) % segs.len()],
             deadline_ms: c,
@@ -259,7 +259,7 @@ impl Sim {
                     key: format!("k{}", a % 32),
                     size: 1 + b % 12_000,
                     replicas: 1 + (a % 2) as u32,
-                    prefer_local: b % 2 == 0,
+                    prefer_local: b.is_multiple_of(2),
                     requester: 1 + a % 4,
                     pin: match b % 7 {
                         0 => PinKind::Hard,
@@ -296,7 +296,7 @@ impl Sim {
                             .collect()
                     })
                     .unwrap_or_default();
-                let v = if b % 4 != 0 && !live.is_empty() {
+                let v = if !b.is_multiple_of(4) && !live.is_empty() {
                     live[(a as usize) % live.len()]
                 } else {
                     match pick(&self.issued, a) {
@@ -307,7 +307,7 @@ impl Sim {
                 let now = self.now;
                 let step = self.core.leader_parts().map(|(l, _)| l.commit(v, b, now));
                 if let Some(Ok(CommitStep::Propose(cmd))) = step {
-                    if b % 5 == 0 {
+                    if b.is_multiple_of(5) {
                         // The proposal is lost (leader deposed before replication).
                         if let Some((l, _)) = self.core.leader_parts() {
                             l.commit_failed(v)
@@ -348,7 +348,7 @@ impl Sim {
                 let cmds = match self.core.leader_parts() {
                     Some((l, sm)) => {
                         let mut c = l.tick(sm, now, true);
-                        if b % 4 == 0 {
+                        if b.is_multiple_of(4) {
                             c.extend(l.eviction_due(sm, now, b % 20_000));
                         }
                         c
@@ -360,7 +360,7 @@ impl Sim {
             10 => {
                 // Every sidecar heartbeats; some of them are not done fencing yet.
                 for (i, seg) in segs.into_iter().enumerate() {
-                    self.heartbeat(seg, (b >> i) % 3 != 0);
+                    self.heartbeat(seg, !(b >> i).is_multiple_of(3));
                 }
             }
             11 => {
@@ -370,7 +370,7 @@ impl Sim {
                 self.core.step_down();
                 self.core.become_leader(self.term, self.now);
                 self.quarantined.clear();
-                if a % 2 == 0 {
+                if a.is_multiple_of(2) {
                     for seg in segs {
                         self.heartbeat(seg, false);
                     }

@@ -8,7 +8,9 @@
 //! * `hash_chunks`: hashing alone (reads `src` once);
 //! * `copy_then_hash`: the unfused path, whole copy then `hash_chunks` of the destination;
 //! * `copy_and_hash`: the fused path the data plane uses, each 64 KiB chunk hashed right after
-//!   it is copied.
+//!   it is copied;
+//! * `par_copy_and_hash` (16 MiB only): the fused path split over the machine's cores (up to
+//!   four), what the client uses for large local copies.
 //!
 //! 64 KiB and 1 MiB use one source and one destination, both cache-resident, as when a slice is
 //! hashed while it is hot. 16 MiB rotates over source/destination pairs whose total is at least
@@ -24,7 +26,9 @@ use std::time::Duration;
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
-use regolith_proto::checksum::{chunk_count, copy_and_hash, hash_chunks, seed};
+use regolith_proto::checksum::{
+    chunk_count, copy_and_hash, hash_chunks, par_copy_and_hash, seed, PAR_MIN,
+};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
@@ -167,6 +171,16 @@ fn checksum(c: &mut Criterion) {
                 black_box(hashes[0]);
             })
         });
+        if len >= PAR_MIN {
+            g.bench_function(id("par_copy_and_hash"), |b| {
+                let bufs = bufs.get_or_insert_with(|| Buffers::new(len, pairs));
+                b.iter(|| {
+                    let (src, dst) = bufs.pair();
+                    par_copy_and_hash(s, dst, black_box(src), &mut hashes);
+                    black_box(hashes[0]);
+                })
+            });
+        }
         g.finish();
     }
 }

@@ -250,7 +250,7 @@ impl MetadClient {
                 });
             }
             // A full round over the addresses without an answer: pause before the next round.
-            if next % addrs.len() == 0 || target.is_some() {
+            if next.is_multiple_of(addrs.len()) || target.is_some() {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }

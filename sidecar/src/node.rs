@@ -181,7 +181,7 @@ impl Sidecar {
     pub fn is_local(&self, rep: &mpb::Replica) -> bool {
         rep.node_id == self.node_id()
             && rep.generation == self.tracker.generation()
-            && self.segment.len() > 0
+            && !self.segment.is_empty()
     }
 
     /// Writes the object to one remote replica; fills `hashes` (one per checksum chunk).
@@ -392,7 +392,7 @@ impl Sidecar {
 
     /// Drain (when asked) and unmount gracefully.
     pub async fn leave(&self) {
-        if self.settings.drain_on_exit && self.segment.len() > 0 {
+        if self.settings.drain_on_exit && !self.segment.is_empty() {
             tracing::info!(timeout = ?self.settings.drain_timeout, "draining before exit");
             match self
                 .metad

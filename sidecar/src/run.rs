@@ -81,7 +81,7 @@ pub async fn run(settings: Settings, mut shutdown: watch::Receiver<bool>) -> Res
     .map_err(|e| Error::Config(format!("segment task: {e}")))??;
     let segment = Arc::new(segment);
     tracing::info!(bytes = segment.len(), pages = ?segment.page_kind(), "segment ready");
-    let data_addrs: Vec<String> = if segment.len() == 0 {
+    let data_addrs: Vec<String> = if segment.is_empty() {
         Vec::new()
     } else {
         settings
@@ -105,7 +105,7 @@ pub async fn run(settings: Settings, mut shutdown: watch::Receiver<bool>) -> Res
     let tracker = Tracker::new(generation);
     tracker.observe_term(term);
     let token = settings.token.as_ref().map(|t| t.as_bytes().to_vec());
-    let server = if segment.len() > 0 {
+    let server = if !segment.is_empty() {
         let cfg = ServerConfig {
             listen: settings
                 .nics

@@ -364,7 +364,7 @@ async fn hello(
     };
     let bytes = encode(Op::Hello as u16, f.request_id, &reply.encode_to_vec());
     let mut fds = Vec::new();
-    if side.segment.len() > 0 {
+    if !side.segment.is_empty() {
         fds.push(side.segment.fd());
     }
     fds.push(staging.fd());

@@ -1,5 +1,6 @@
 //! One module per subcommand; [`run`] dispatches.
 
+pub mod bench;
 pub mod get;
 pub mod ls;
 pub mod members;
@@ -29,5 +30,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Rm(a) => rm::run(&ctx, a),
         Command::Members(a) => members::run(&ctx, a),
         Command::Segments(a) => segments::run(&ctx, a),
+        Command::Bench(a) => bench::run(&ctx, a),
     }
 }

@@ -515,10 +515,8 @@ impl Leader {
                 }
             }
             Command::ExpirePins { .. } => self.expire_proposed_ms = None,
-            Command::DrainSegment { segment, .. } => {
-                if sm.segment(segment).is_some() {
-                    self.shadow.set_draining(segment);
-                }
+            Command::DrainSegment { segment, .. } if sm.segment(segment).is_some() => {
+                self.shadow.set_draining(segment);
             }
             _ => {}
         }

@@ -19,6 +19,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use parking_lot::Mutex;
 use regolith_proto::checksum::{chunk_count, CHUNK};
 use regolith_proto::dataplane::{Kind, MAX_SLICE_LEN};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, warn};
 
 use super::plan::{nic_pairs, pick_pair, plan_slices, PairHealth, Schedule, Slice};
@@ -98,6 +99,11 @@ struct PeerPool<C> {
     pairs: Vec<NicPair>,
     idle: Vec<Vec<C>>,
     health: Vec<PairHealth>,
+    /// One permit per connection that may be busy towards this peer at once (the pool's
+    /// capacity): concurrent transfers queue for a lane instead of each dialing its own
+    /// connection, which a batch of 64 small gets would otherwise do (a dial and handshake per
+    /// item, and the extra connections dropped again at check-in).
+    lanes: Arc<Semaphore>,
 }
 
 /// The caller memory one slice works on.
@@ -217,7 +223,7 @@ impl<T: Transport> DataClient<T> {
     /// Dials `conns_per_nic_pair` connections on every pair of `peer` ahead of the first
     /// transfer; returns how many are now pooled.
     pub async fn connect_all(&self, peer: &PeerAddrs) -> usize {
-        let pairs = self.pool_pairs(peer);
+        let (pairs, _) = self.pool_pairs(peer);
         let dials: FuturesUnordered<_> = (0..self.cfg.conns_per_nic_pair)
             .flat_map(|_| pairs.iter().enumerate())
             .map(|(i, p)| async move { (i, self.transport.connect(*p, peer.node_id).await) })
@@ -302,11 +308,13 @@ impl<T: Transport> DataClient<T> {
     /// connections while slices wait, and react to each finished dial or slice.
     async fn drive<'a>(&'a self, job: &Job<'a>, bufs: &mut [Option<Bufs<'a>>]) -> Result<u32> {
         let node = job.peer.node_id;
-        let pairs = self.pool_pairs(job.peer);
-        let target = job
+        let (pairs, lane_permits) = self.pool_pairs(job.peer);
+        let want = job
             .slices
             .len()
             .min(self.cfg.conns_per_nic_pair * pairs.len());
+        let _permits = acquire_lanes(lane_permits, want).await;
+        let target = _permits.len().max(1);
         let max_attempts = (pairs.len() as u32 * self.cfg.max_pair_failures).max(2) + 1;
         let mut sched = Schedule::new(job.slices.len(), max_attempts);
         let mut ps = PairState {
@@ -525,8 +533,8 @@ impl<T: Transport> DataClient<T> {
         }
     }
 
-    /// The peer's NIC pairs, (re)building its pool when its addresses changed.
-    fn pool_pairs(&self, peer: &PeerAddrs) -> Vec<NicPair> {
+    /// The peer's NIC pairs and lane permits, (re)building its pool when its addresses changed.
+    fn pool_pairs(&self, peer: &PeerAddrs) -> (Vec<NicPair>, Arc<Semaphore>) {
         let mut pools = self.pools.lock();
         let pool = pools
             .entry(peer.node_id)
@@ -534,7 +542,7 @@ impl<T: Transport> DataClient<T> {
         if pool.addrs != peer.addrs {
             *pool = new_pool(&self.cfg, peer);
         }
-        pool.pairs.clone()
+        (pool.pairs.clone(), pool.lanes.clone())
     }
 
     /// Takes pooled connections for up to `target` lanes, spread over pairs round-robin.
@@ -579,12 +587,30 @@ impl<T: Transport> DataClient<T> {
 
 fn new_pool<C>(cfg: &StripeConfig, peer: &PeerAddrs) -> PeerPool<C> {
     let pairs = nic_pairs(&cfg.local_nics, &peer.addrs);
+    let per_pair = cfg.max_idle_per_nic_pair.max(cfg.conns_per_nic_pair);
     PeerPool {
         addrs: peer.addrs.clone(),
         idle: pairs.iter().map(|_| Vec::new()).collect(),
         health: vec![PairHealth::default(); pairs.len()],
+        lanes: Arc::new(Semaphore::new((per_pair * pairs.len()).max(1))),
         pairs,
     }
+}
+
+/// Waits for one lane towards the peer, then takes up to `want` in all without waiting more.
+/// (The semaphore is never closed; if it were, the transfer would run with one lane unbounded.)
+async fn acquire_lanes(lanes: Arc<Semaphore>, want: usize) -> Vec<OwnedSemaphorePermit> {
+    let Ok(first) = lanes.clone().acquire_owned().await else {
+        return Vec::new();
+    };
+    let mut held = vec![first];
+    while held.len() < want.max(1) {
+        match lanes.clone().try_acquire_owned() {
+            Ok(p) => held.push(p),
+            Err(_) => break,
+        }
+    }
+    held
 }
 
 fn check_args(range: RemoteRange, buf_len: usize, hashes_len: usize) -> Result<()> {
