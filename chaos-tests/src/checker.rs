@@ -41,6 +41,9 @@ use crate::history::{EventKind, Op, OpKind, OpResult, Recorded, ReplicaLoc, Repl
 #[derive(Clone, Debug)]
 pub struct FaultWindow {
     pub name: String,
+    /// The fault's kind, without its parameters (`packet-loss` for `packet-loss-30%`): the
+    /// per-kind summary groups by it.
+    pub kind: String,
     pub detail: String,
     pub injected_us: u64,
     pub healed_us: u64,
@@ -105,6 +108,8 @@ pub struct CheckInput<'a> {
 #[derive(Clone, Debug)]
 pub struct Row {
     pub fault: String,
+    /// The fault's kind ([`FaultWindow::kind`]); the no-fault rows' kind is their name.
+    pub kind: String,
     pub ops: usize,
     pub ok: usize,
     pub failed: usize,
@@ -112,6 +117,21 @@ pub struct Row {
     pub anomalies: usize,
     /// `None`: not applicable (no heal) or never recovered (then an anomaly says so).
     pub recovery: Option<Duration>,
+}
+
+/// One row of the per-kind summary: every step of one fault kind together.
+#[derive(Clone, Debug)]
+pub struct KindRow {
+    pub kind: String,
+    /// How many times the fault was injected.
+    pub steps: usize,
+    pub ops: usize,
+    pub ok: usize,
+    pub failed: usize,
+    pub indeterminate: usize,
+    pub anomalies: usize,
+    /// The slowest recovery measured after one of its heals.
+    pub worst_recovery: Option<Duration>,
 }
 
 /// The checker's findings.
@@ -126,6 +146,9 @@ pub struct Report {
     pub indeterminate_puts: usize,
     pub indeterminate_puts_seen: usize,
     pub indeterminate_seen_examples: Vec<String>,
+    /// Gets the store answered as a miss because the bytes failed their checksum (no bytes
+    /// were returned: never an anomaly, but counted).
+    pub corrupt_misses: usize,
     pub counters: Counters,
     /// Terms seen in the samples, and how many samples claimed a leader.
     pub terms_seen: usize,
@@ -174,17 +197,78 @@ impl Report {
         let _ = writeln!(
             s,
             "leader claims: {} samples over {} terms; metad counters: evicted {}, \
-             dead-node dropped {}; excused losses {}; indeterminate puts {} (later read: {})",
+             dead-node dropped {}; excused losses {}; indeterminate puts {} (later read: {}); \
+             checksum-mismatch misses {}",
             self.claims,
             self.terms_seen,
             self.counters.evicted_objects,
             self.counters.dead_node_dropped_objects,
             self.excused_losses,
             self.indeterminate_puts,
-            self.indeterminate_puts_seen
+            self.indeterminate_puts_seen,
+            self.corrupt_misses
         );
         for e in &self.indeterminate_seen_examples {
             let _ = writeln!(s, "  indeterminate put that took effect: {e}");
+        }
+        s
+    }
+
+    /// The rows grouped by fault kind, in order of first appearance (the no-fault rows last).
+    pub fn by_kind(&self) -> Vec<KindRow> {
+        let mut out: Vec<KindRow> = Vec::new();
+        let (faults, quiet): (Vec<&Row>, Vec<&Row>) = self
+            .rows
+            .iter()
+            .partition(|r| !r.fault.starts_with("(no fault"));
+        for r in faults.into_iter().chain(quiet) {
+            let i = match out.iter().position(|k| k.kind == r.kind) {
+                Some(i) => i,
+                None => {
+                    out.push(KindRow {
+                        kind: r.kind.clone(),
+                        steps: 0,
+                        ops: 0,
+                        ok: 0,
+                        failed: 0,
+                        indeterminate: 0,
+                        anomalies: 0,
+                        worst_recovery: None,
+                    });
+                    out.len() - 1
+                }
+            };
+            let k = &mut out[i];
+            k.steps += 1;
+            k.ops += r.ops;
+            k.ok += r.ok;
+            k.failed += r.failed;
+            k.indeterminate += r.indeterminate;
+            k.anomalies += r.anomalies;
+            k.worst_recovery = k.worst_recovery.max(r.recovery);
+        }
+        out
+    }
+
+    /// The per-kind summary table (the long profile injects each kind many times).
+    pub fn kind_table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:<26} {:>5} {:>7} {:>7} {:>7} {:>7} {:>9} {:>10}",
+            "fault kind", "runs", "ops", "ok", "failed", "indet.", "anomalies", "worst rec."
+        );
+        let _ = writeln!(s, "{}", "-".repeat(86));
+        for k in self.by_kind() {
+            let rec = match k.worst_recovery {
+                Some(d) => format!("{:.2}s", d.as_secs_f64()),
+                None => "-".into(),
+            };
+            let _ = writeln!(
+                s,
+                "{:<26} {:>5} {:>7} {:>7} {:>7} {:>7} {:>9} {:>10}",
+                k.kind, k.steps, k.ops, k.ok, k.failed, k.indeterminate, k.anomalies, rec
+            );
         }
         s
     }
@@ -227,6 +311,12 @@ impl Report {
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.table())?;
+        // A kind injected more than once (the long profile): the per-kind summary too.
+        let kinds = self.by_kind();
+        if kinds.iter().any(|k| k.steps > 1) {
+            writeln!(f)?;
+            f.write_str(&self.kind_table())?;
+        }
         if !self.anomalies.is_empty() {
             f.write_str(&self.details())?;
         }
@@ -294,6 +384,10 @@ pub fn check(input: &CheckInput<'_>) -> Report {
             .count(),
         indeterminate_puts_seen: seen_count,
         indeterminate_seen_examples: seen_examples,
+        corrupt_misses: ops
+            .iter()
+            .filter(|o| matches!(o.result, OpResult::Ok(Reply::CorruptMiss { .. })))
+            .count(),
         counters: input.counters,
         terms_seen,
         claims,
@@ -890,23 +984,26 @@ fn table_rows(
     anomalies: &[Anomaly],
     recoveries: &[Option<Duration>],
 ) -> Vec<Row> {
-    let mut spans: Vec<(String, u64, u64, Option<Duration>)> = Vec::new();
+    type Span = (String, String, u64, u64, Option<Duration>);
+    let quiet = |name: &str, start, end| -> Span { (name.into(), name.into(), start, end, None) };
+    let mut spans: Vec<Span> = Vec::new();
     let first = windows.first().map(|w| w.injected_us).unwrap_or(u64::MAX);
-    spans.push(("(no fault: warm-up)".into(), 0, first, None));
+    spans.push(quiet("(no fault: warm-up)", 0, first));
     for (w, rec) in windows.iter().zip(recoveries) {
-        spans.push((w.name.clone(), w.injected_us, w.end_us, *rec));
+        spans.push((
+            w.name.clone(),
+            w.kind.clone(),
+            w.injected_us,
+            w.end_us,
+            *rec,
+        ));
     }
     if let Some(last) = windows.last() {
-        spans.push((
-            "(no fault: final reads)".into(),
-            last.end_us,
-            u64::MAX,
-            None,
-        ));
+        spans.push(quiet("(no fault: final reads)", last.end_us, u64::MAX));
     }
     spans
         .into_iter()
-        .map(|(fault, start, end, recovery)| {
+        .map(|(fault, kind, start, end, recovery)| {
             let in_span: Vec<&Op> = ops
                 .iter()
                 .filter(|o| o.invoke_us >= start && o.invoke_us < end)
@@ -914,6 +1011,7 @@ fn table_rows(
             let count = |c: ResultClass| in_span.iter().filter(|o| o.result.class() == c).count();
             Row {
                 fault,
+                kind,
                 ops: in_span.len(),
                 ok: count(ResultClass::Ok),
                 failed: count(ResultClass::Fail),
@@ -1075,6 +1173,53 @@ mod tests {
         h.get(3, "a", (0, 5), H::found(7));
         h.put(1, "a", 7, (10, 20), H::stored(1));
         assert!(kinds(&h.check()).contains(&AnomalyKind::WrongRead));
+    }
+
+    #[test]
+    fn a_checksum_mismatch_miss_is_counted_but_no_anomaly_nor_absence() {
+        let mut h = H::default();
+        h.put(1, "k", 1, (0, 10), H::stored(1));
+        h.get(
+            2,
+            "k",
+            (20, 30),
+            OpResult::Ok(Reply::CorruptMiss {
+                detail: "checksum failed on every replica".into(),
+            }),
+        );
+        h.get(2, "k", (40, 50), H::found(1));
+        let r = h.check();
+        assert!(r.passed(), "{r}");
+        assert_eq!(r.corrupt_misses, 1);
+        assert!(r.table().contains("checksum-mismatch misses 1"));
+        // Returned bytes that are no value are always an anomaly, even on a gone segment.
+        h.rec.events.push(Event {
+            at_us: 15_000,
+            kind: EventKind::GenerationGone {
+                loc: ReplicaLoc {
+                    node: 1,
+                    generation: 1,
+                },
+                why: "kill -9".into(),
+                heard_at_us: None,
+            },
+        });
+        h.get(
+            2,
+            "k",
+            (60, 70),
+            OpResult::Ok(Reply::Corrupt {
+                detail: "differs from byte 9000 on".into(),
+            }),
+        );
+        let counted = Counters {
+            evicted_objects: 0,
+            dead_node_dropped_objects: 1,
+        };
+        assert_eq!(
+            kinds(&h.check_with(&[], counted)),
+            vec![AnomalyKind::WrongRead]
+        );
     }
 
     #[test]
@@ -1280,13 +1425,26 @@ mod tests {
         h.put(1, "k", 1, (1000, 1010), OpResult::Fail("down".into()));
         h.put(1, "k", 2, (1500, 1600), H::stored(1));
         h.get(1, "k", (1700, 1800), H::found(2));
-        let windows = [FaultWindow {
-            name: "kill".into(),
-            detail: "leader 1".into(),
-            injected_us: 500_000,
-            healed_us: 1_000_000,
-            end_us: 2_000_000,
-        }];
+        h.put(2, "j", 3, (2100, 2200), H::stored(1));
+        h.get(2, "j", (2300, 2400), H::found(3));
+        let windows = [
+            FaultWindow {
+                name: "kill".into(),
+                kind: "kill".into(),
+                detail: "leader 1".into(),
+                injected_us: 500_000,
+                healed_us: 1_000_000,
+                end_us: 2_000_000,
+            },
+            FaultWindow {
+                name: "kill".into(),
+                kind: "kill".into(),
+                detail: "leader 2".into(),
+                injected_us: 2_000_000,
+                healed_us: 2_050_000,
+                end_us: 2_500_000,
+            },
+        ];
         let report = |limit| {
             check(&CheckInput {
                 recorded: &h.rec,
@@ -1303,6 +1461,14 @@ mod tests {
         assert_eq!(r.rows[1].ops, 3);
         assert_eq!(r.rows[1].failed, 1);
         assert!(r.table().contains("kill"));
+        assert_eq!(r.rows[2].recovery, Some(Duration::from_millis(350)));
+        // Both kills in one row of the per-kind summary, with the slower recovery.
+        let by_kind = r.by_kind();
+        assert_eq!(by_kind[0].kind, "kill");
+        assert_eq!(by_kind[0].steps, 2);
+        assert_eq!(by_kind[0].ops, 5);
+        assert_eq!(by_kind[0].worst_recovery, Some(Duration::from_millis(800)));
+        assert!(r.to_string().contains("fault kind"), "{r}");
         let r = report(Duration::from_millis(500));
         assert_eq!(kinds(&r), vec![AnomalyKind::NoRecovery]);
     }

@@ -304,6 +304,11 @@ impl Cluster {
         &self.token
     }
 
+    /// The file holding the cluster token (daemons read it with `--cluster-token-file`).
+    pub fn token_file(&self) -> &std::path::Path {
+        &self.token_file
+    }
+
     /// gRPC addresses of every metad host (members and spares: a spare refuses connections,
     /// which the client skips), for workload clients.
     pub fn metad_addrs(&self) -> Vec<String> {

@@ -58,6 +58,11 @@ pub enum Reply {
     Corrupt {
         detail: String,
     },
+    /// Get: the store found the bytes failed their checksum on every replica and answered a
+    /// miss (no bytes returned). Says nothing about whether the key exists; never an anomaly.
+    CorruptMiss {
+        detail: String,
+    },
     /// Get: no such key.
     NotFound,
     Exists(bool),

@@ -1,5 +1,5 @@
-//! regolith-chaos: Regolith's chaos suite (design section 10). Real `regolith-metad` (and,
-//! once it exists, `regolith-sidecar`) processes run in network namespaces; named faults are
+//! regolith-chaos: Regolith's chaos suite (design section 10). Real `regolith-metad` and
+//! `regolith-sidecar` processes run in network namespaces; named faults are
 //! injected and healed on a seeded schedule while clients record every operation; a checker
 //! then looks for lost or wrong data, split leadership and missing recovery.
 //!
@@ -15,10 +15,11 @@
 //! * [`nemesis`] — every fault as a named [`nemesis::Nemesis`] with inject and heal.
 //! * [`schedule`] — seeded fault schedules: the quick profile and the long one.
 //! * [`workload`] — the pluggable [`workload::Workload`] / [`workload::WorkloadClient`] traits
-//!   and the client loops; [`metad_only`] — the workload that talks to metad alone.
+//!   and the client loops; [`sidecars`] — the workload of real sidecars and the Rust client
+//!   (bytes over the data plane); [`metad_only`] — the workload that talks to metad alone.
 //! * [`value`] — values derived from (key, write id), traceable to the put that wrote them.
 //! * [`history`] — the recorded operations and events.
-//! * [`checker`] — checks (a)–(d) and the summary table.
+//! * [`checker`] — checks (a)–(f) and the summary table.
 //! * [`run`] — a whole run: [`run::Harness`] and [`run::run_profile`].
 //! * [`error`] — the crate's error enum.
 
@@ -33,6 +34,7 @@ pub mod netns;
 pub mod proxy;
 pub mod run;
 pub mod schedule;
+pub mod sidecars;
 pub mod status;
 pub mod value;
 pub mod workload;

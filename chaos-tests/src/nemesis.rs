@@ -4,6 +4,7 @@
 //! Network faults are nftables tables inside the hosts' namespaces ([`crate::firewall`]);
 //! process faults are signals to the daemons; latency goes through [`crate::proxy`].
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,10 +18,12 @@ use crate::history::History;
 use crate::netns::{Host, Topology};
 use crate::proxy::ProxyControl;
 
-/// Crash and restart of a node's sidecar (implemented by the workload, which owns them).
+/// Crash and restart of a node's sidecar, and its per-NIC traffic (implemented by the
+/// workload, which owns the sidecars).
 pub trait NodeControl {
     fn crash_node(&self, host: &str) -> Result<()>;
     fn restart_node(&self, host: &str) -> Result<()>;
+    fn nic_traffic(&self, host: &str) -> Result<BTreeMap<String, u64>>;
 }
 
 impl<W: crate::workload::Workload> NodeControl for W {
@@ -29,6 +32,9 @@ impl<W: crate::workload::Workload> NodeControl for W {
     }
     fn restart_node(&self, host: &str) -> Result<()> {
         crate::workload::Workload::restart_node(self, host)
+    }
+    fn nic_traffic(&self, host: &str) -> Result<BTreeMap<String, u64>> {
+        crate::workload::Workload::nic_traffic(self, host)
     }
 }
 
@@ -110,6 +116,26 @@ impl Fault {
         }
     }
 
+    /// The fault's kind: its name without parameters (which host, how much).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::KillLeader => "kill-leader",
+            Fault::PauseLeader => "pause-leader",
+            Fault::IsolateLeader => "isolate-leader",
+            Fault::OneWayLeader(OneWay::LeaderDeaf) => "one-way-leader-deaf",
+            Fault::OneWayLeader(OneWay::LeaderMute) => "one-way-leader-mute",
+            Fault::SplitLeaderMinority => "split-2/1-leader-minority",
+            Fault::PacketLoss { .. } => "packet-loss",
+            Fault::RestartAll => "restart-all-metad",
+            Fault::PauseAll => "pause-all-metad",
+            Fault::MembershipChange => "membership-change",
+            Fault::HostCutoff { .. } => "host-cutoff",
+            Fault::NicCut { .. } => "nic-cut",
+            Fault::SidecarCrash { .. } => "sidecar-crash",
+            Fault::DataPortLatency { .. } => "data-latency",
+        }
+    }
+
     /// Faults whose effect only a workload that moves bytes between sidecars can observe.
     pub fn needs_data_plane(&self) -> bool {
         matches!(self, Fault::NicCut { .. } | Fault::DataPortLatency { .. })
@@ -132,7 +158,10 @@ impl Fault {
             Fault::PauseAll => Box::new(PauseAll { paused: Vec::new() }),
             Fault::MembershipChange => Box::new(MembershipChange),
             Fault::SidecarCrash { host } => Box::new(SidecarCrash { host }),
-            Fault::DataPortLatency { delay } => Box::new(DataPortLatency { delay }),
+            Fault::DataPortLatency { delay } => Box::new(DataPortLatency {
+                delay,
+                bytes_before: 0,
+            }),
         }
     }
 }
@@ -281,6 +310,8 @@ impl Nemesis for SidecarCrash {
 
 struct DataPortLatency {
     delay: Duration,
+    /// Bytes the proxies had forwarded when the delay began.
+    bytes_before: u64,
 }
 
 impl Nemesis for DataPortLatency {
@@ -293,6 +324,7 @@ impl Nemesis for DataPortLatency {
                 "no proxy in front of any data port (the workload moves no bytes)".into(),
             ));
         }
+        self.bytes_before = ctx.data_proxies.iter().map(|p| p.bytes()).sum();
         for p in ctx.data_proxies {
             p.set_delay(self.delay);
         }
@@ -306,7 +338,16 @@ impl Nemesis for DataPortLatency {
         for p in ctx.data_proxies {
             p.set_delay(Duration::ZERO);
         }
-        Ok("data-port delay removed".into())
+        let moved = ctx
+            .data_proxies
+            .iter()
+            .map(|p| p.bytes())
+            .sum::<u64>()
+            .saturating_sub(self.bytes_before);
+        Ok(format!(
+            "data-port delay removed; {:.1} MiB went through the delayed proxies",
+            moved as f64 / (1u64 << 20) as f64
+        ))
     }
 }
 
@@ -327,6 +368,8 @@ struct Net {
     name: String,
     kind: NetKind,
     installed: Vec<Host>,
+    /// A NIC cut's host traffic per NIC when it was cut (when the workload moves bytes).
+    traffic_before: Option<BTreeMap<String, u64>>,
 }
 
 impl Net {
@@ -335,7 +378,26 @@ impl Net {
             name,
             kind,
             installed: Vec::new(),
+            traffic_before: None,
         }
+    }
+
+    /// What each NIC of a cut host carried while the cut lasted, e.g. "10.77.0.21 3.2 MiB,
+    /// 10.77.1.21 0.0 MiB" (the surviving NIC should carry the transfers).
+    fn traffic_during_cut(&mut self, ctx: &FaultCtx<'_>) -> Option<String> {
+        let NetKind::Nic(host, _) = &self.kind else {
+            return None;
+        };
+        let before = self.traffic_before.take()?;
+        let after = ctx.nodes.nic_traffic(host).ok()?;
+        let moved: Vec<String> = after
+            .iter()
+            .map(|(nic, b)| {
+                let d = b.saturating_sub(before.get(nic).copied().unwrap_or(0));
+                format!("{nic} {:.1} MiB", d as f64 / (1u64 << 20) as f64)
+            })
+            .collect();
+        Some(format!("during the cut {host} moved {}", moved.join(", ")))
     }
 
     fn install(&mut self, ctx: &FaultCtx<'_>, host: &Host, rules: &[Rule]) -> Result<()> {
@@ -451,18 +513,26 @@ impl Nemesis for Net {
                     .get(nic as usize)
                     .map(|n| n.ifname.clone())
                     .ok_or_else(|| Error::Config(format!("{name} has no NIC {nic}")))?;
+                self.traffic_before = ctx.nodes.nic_traffic(&name).ok();
                 self.install(ctx, &host, &[Rule::DropInterface(ifname.clone())])?;
-                Ok(format!("{name} {ifname} cut"))
+                Ok(format!(
+                    "{name} {ifname} ({}) cut",
+                    host.nics[nic as usize].addr
+                ))
             }
         }
     }
 
-    fn heal(&mut self, _ctx: &mut FaultCtx<'_>) -> Result<String> {
+    fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        let traffic = self.traffic_during_cut(ctx);
         let mut healed = Vec::new();
         for host in self.installed.drain(..) {
             firewall::remove(&host, &self.name)?;
             healed.push(host.name);
         }
-        Ok(format!("rules removed on {healed:?}"))
+        Ok(match traffic {
+            Some(t) => format!("rules removed on {healed:?}; {t}"),
+            None => format!("rules removed on {healed:?}"),
+        })
     }
 }

@@ -49,13 +49,17 @@ pub struct RunOutcome {
     pub report: Report,
     /// Harness-level failures (a fault that could not be injected, a leader never elected).
     pub errors: Vec<String>,
-    /// metad processes that exited by themselves.
+    /// metad and sidecar processes that exited by themselves.
     pub crashes: Vec<String>,
+    /// The workload's own end-of-run lines (per-sidecar counters and traffic).
+    pub notes: Vec<String>,
     /// `/status` answers that did not parse (recorded, not fatal).
     pub malformed_samples: usize,
     pub elapsed: Duration,
-    /// The tail of every metad log, for failure reports.
+    /// The tail of every metad and sidecar log, for failure reports.
     pub logs: String,
+    /// Everything recorded (operations and events), for tests that look closer.
+    pub recorded: crate::history::Recorded,
 }
 
 impl RunOutcome {
@@ -67,6 +71,9 @@ impl RunOutcome {
 impl std::fmt::Display for RunOutcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", self.report)?;
+        for n in &self.notes {
+            writeln!(f, "{n}")?;
+        }
         writeln!(
             f,
             "run took {:.1}s; {} malformed status samples",
@@ -77,7 +84,7 @@ impl std::fmt::Display for RunOutcome {
             writeln!(f, "harness error: {e}")?;
         }
         for c in &self.crashes {
-            writeln!(f, "metad crashed: {c}")?;
+            writeln!(f, "crashed: {c}")?;
         }
         if !self.passed() {
             writeln!(f, "{}", self.logs)?;
@@ -120,6 +127,8 @@ impl<W: Workload> Harness<W> {
                 host: host.clone(),
                 metad_addrs: cluster.metad_addrs(),
                 token: cluster.token().to_string(),
+                token_file: cluster.token_file().to_path_buf(),
+                run_dir: topo.dir.clone(),
                 history: history.clone(),
             };
             let w = workload.clone();
@@ -152,10 +161,11 @@ impl<W: Workload> Harness<W> {
         })
     }
 
-    /// Sleeps `d` while watching for metad processes that exit by themselves.
+    /// Sleeps `d` while watching for metad and sidecar processes that exit by themselves.
     fn watch(&mut self, d: Duration) {
         let end = Instant::now() + d;
         loop {
+            self.restart_exited_sidecars();
             for (id, status) in self.cluster.crashed() {
                 let line = format!("metad {id} exited by itself ({status})");
                 tracing::error!("{line}");
@@ -172,6 +182,21 @@ impl<W: Workload> Harness<W> {
                 return;
             }
             std::thread::sleep((end - now).min(Duration::from_millis(100)));
+        }
+    }
+
+    /// A sidecar that exited by itself is a crash (reported), and comes back like a crashed
+    /// metad replica does.
+    fn restart_exited_sidecars(&mut self) {
+        for (host, status) in self.workload.exited() {
+            let line = format!("sidecar of {host} exited by itself ({status})");
+            tracing::error!("{line}");
+            self.history.event(EventKind::Note(line.clone()));
+            self.crashes.push(line);
+            if let Err(e) = self.workload.restart_node(&host) {
+                self.errors
+                    .push(format!("restart of crashed sidecar of {host}: {e}"));
+            }
         }
     }
 
@@ -193,6 +218,7 @@ impl<W: Workload> Harness<W> {
     pub fn run_step(&mut self, step: &Step) {
         let mut nemesis: Box<dyn Nemesis> = step.fault.nemesis();
         let name = nemesis.name();
+        let kind = step.fault.kind().to_string();
         let injected_us = self.history.now_us();
         let detail = match nemesis.inject(&mut self.ctx()) {
             Ok(d) => d,
@@ -228,6 +254,7 @@ impl<W: Workload> Harness<W> {
         self.watch(self.cfg.settle);
         self.windows.push(FaultWindow {
             name,
+            kind,
             detail,
             injected_us,
             healed_us,
@@ -271,6 +298,8 @@ impl<W: Workload> Harness<W> {
                 ));
             }
         }
+        self.restart_exited_sidecars();
+        let notes = self.workload.report();
         self.workload.stop();
         self.cluster.stop_sampling();
         let samples = self.cluster.samples();
@@ -288,14 +317,16 @@ impl<W: Workload> Harness<W> {
             recovery_limit: self.cfg.recovery_limit,
             node_ttl: Some(self.cfg.node_ttl),
         });
-        let logs = self.cluster.log_tails(40);
+        let logs = self.cluster.log_tails(40) + &self.workload.log_tails(40);
         Ok(RunOutcome {
             report,
             errors: std::mem::take(&mut self.errors),
             crashes: std::mem::take(&mut self.crashes),
+            notes,
             malformed_samples: malformed,
             elapsed: self.started.elapsed(),
             logs,
+            recorded,
         })
     }
 

@@ -2,11 +2,14 @@
 //! exists and remove on a bounded key space, every operation recorded in the [`History`].
 //!
 //! How an operation reaches the store is pluggable: a [`Workload`] prepares each sidecar host
-//! and hands out [`WorkloadClient`]s. [`crate::metad_only::MetadOnly`] talks to metad directly
-//! (a fake sidecar per host); a sidecar-backed workload (UDS client) plugs in behind the same
-//! traits. Clients run on their host's [`NsRuntime`], so their traffic leaves from that host.
+//! and hands out [`WorkloadClient`]s. [`crate::sidecars::SidecarWorkload`] runs a real sidecar
+//! per host and talks to it over its Unix socket; [`crate::metad_only::MetadOnly`] talks to
+//! metad directly (a fake sidecar per host, no bytes move). Clients run on their host's
+//! [`NsRuntime`], so their traffic leaves from that host.
 
+use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +28,10 @@ pub struct HostCtx {
     /// gRPC addresses of every metad host.
     pub metad_addrs: Vec<String>,
     pub token: String,
+    /// The file holding the cluster token.
+    pub token_file: PathBuf,
+    /// The run directory (logs, state directories, sockets).
+    pub run_dir: PathBuf,
     pub history: History,
 }
 
@@ -74,6 +81,30 @@ pub trait Workload: Send + Sync + 'static {
     /// fault acts on them); none for a workload that moves no bytes.
     fn data_proxies(&self) -> Vec<Arc<crate::proxy::ProxyControl>> {
         Vec::new()
+    }
+
+    /// Data-plane bytes (in + out) so far through each NIC of `host`'s sidecar, by address.
+    fn nic_traffic(&self, host: &str) -> Result<BTreeMap<String, u64>> {
+        Err(Error::Config(format!(
+            "workload {} moves no bytes on {host}",
+            self.name()
+        )))
+    }
+
+    /// Processes of the workload (sidecars) that exited by themselves since the last call:
+    /// (host, exit status). The harness reports them as crashes and restarts them.
+    fn exited(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    /// Lines about the workload's processes for the end-of-run report.
+    fn report(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// The last `n` log lines of the workload's processes (for failure reports).
+    fn log_tails(&self, _n: usize) -> String {
+        String::new()
     }
 
     /// Stops background tasks (heartbeats) at the end of the run.

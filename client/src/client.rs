@@ -336,9 +336,9 @@ impl AsyncClient {
             let mut retry = Vec::new();
             for group in groups(&todo, |i| items[i].1.len() as u64, s.stage.capacity()) {
                 let res = self.put_group(&s, &group, items, cfg).await;
-                for (i, r) in group.into_iter().zip(res) {
+                for (i, (r, commit_sent)) in group.into_iter().zip(res) {
                     match r {
-                        Err(e) if e.is_retryable() || matches!(e, Error::Disconnected(_)) => {
+                        Err(e) if may_retry_put(&e, commit_sent) => {
                             out[i] = Some(Err(e));
                             retry.push(i);
                         }
@@ -356,13 +356,15 @@ impl AsyncClient {
             .collect()
     }
 
+    /// One reserve and one commit round trip for `group`; per item, the result and whether its
+    /// commit was sent.
     async fn put_group(
         &self,
         s: &Session,
         group: &[usize],
         items: &[(&str, Source<'_>)],
         cfg: &ReplicateConfig,
-    ) -> Vec<Result<PutInfo>> {
+    ) -> Vec<(Result<PutInfo>, bool)> {
         let options = cfg.options();
         let req = pb::PutBeginRequest {
             items: group
@@ -376,15 +378,14 @@ impl AsyncClient {
         };
         let reply: pb::PutBeginReply = match s.conn.call(Op::PutBegin, &req).await {
             Ok(r) => r,
-            Err(e) => return group.iter().map(|_| Err(clone_err(&e))).collect(),
+            Err(e) => return group.iter().map(|_| (Err(clone_err(&e)), false)).collect(),
         };
         if reply.items.len() != group.len() {
             return group
                 .iter()
                 .map(|_| {
-                    Err(Error::Protocol(
-                        "put_begin answered the wrong number of items".into(),
-                    ))
+                    let e = Error::Protocol("put_begin answered the wrong number of items".into());
+                    (Err(e), false)
                 })
                 .collect();
         }
@@ -453,7 +454,11 @@ impl AsyncClient {
         }
         results
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::Protocol("item not processed".into()))))
+            .enumerate()
+            .map(|(j, r)| {
+                let r = r.unwrap_or_else(|| Err(Error::Protocol("item not processed".into())));
+                (r, committed_idx.contains(&j))
+            })
             .collect()
     }
 
@@ -1166,6 +1171,25 @@ fn copy_from_extents(
     Ok(())
 }
 
+/// Whether a failed put may be retried with a fresh reservation: only when nothing can have
+/// been stored. Before its commit was sent, any retryable error; after, only a commit the
+/// sidecar says was refused (UNAVAILABLE, BUSY). A TIMEOUT commit (metad's answer was lost) or a
+/// connection lost after the commit was sent may have stored the value: a retry would answer
+/// ALREADY_EXISTS for the caller's own value, so the caller gets the error instead.
+fn may_retry_put(e: &Error, commit_sent: bool) -> bool {
+    if commit_sent {
+        matches!(
+            e,
+            Error::Server {
+                code: pb::Code::Unavailable | pb::Code::Busy,
+                ..
+            }
+        )
+    } else {
+        e.is_retryable() || matches!(e, Error::Disconnected(_))
+    }
+}
+
 fn clone_err(e: &Error) -> Error {
     match e {
         Error::Disconnected(m) => Error::Disconnected(m.clone()),
@@ -1177,5 +1201,29 @@ fn clone_err(e: &Error) -> Error {
         Error::NotFound { key } => Error::NotFound { key: key.clone() },
         Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
         other => Error::Protocol(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_put_is_retried_only_when_nothing_can_have_been_stored() {
+        let server = |code| Error::Server {
+            key: "k".into(),
+            code,
+            message: String::new(),
+        };
+        let lost = || Error::Disconnected("eof".into());
+        // Before the commit was sent: every transient failure.
+        assert!(may_retry_put(&server(pb::Code::Unavailable), false));
+        assert!(may_retry_put(&server(pb::Code::Timeout), false));
+        assert!(may_retry_put(&lost(), false));
+        // After: only a refused commit.
+        assert!(may_retry_put(&server(pb::Code::Unavailable), true));
+        assert!(!may_retry_put(&server(pb::Code::Timeout), true));
+        assert!(!may_retry_put(&lost(), true));
+        assert!(!may_retry_put(&server(pb::Code::Internal), true));
     }
 }

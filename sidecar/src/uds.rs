@@ -477,6 +477,39 @@ fn metad_err(e: &regolith_proto::Error) -> pb::Status {
     uds::status(code, format!("metad: {e}"))
 }
 
+/// Whether a failed call to metad may still have taken effect: it was sent and got no
+/// definite answer (a lost reply, a timeout, a leader deposed after appending it). Only calls
+/// never sent or refused before any effect are definite.
+fn may_have_applied(e: &regolith_proto::Error) -> bool {
+    use regolith_proto::Error as E;
+    !matches!(
+        e,
+        E::BadAddress { .. }
+            | E::Config(_)
+            | E::Rpc {
+                code: tonic::Code::InvalidArgument
+                    | tonic::Code::Unauthenticated
+                    | tonic::Code::PermissionDenied,
+                ..
+            }
+    )
+}
+
+/// The status of a commit that got no definite answer. It may have been applied, so it must
+/// not look like a refused commit (UNAVAILABLE, which the client retries with a fresh
+/// reservation: the retry would answer ALREADY_EXISTS for the caller's own value): TIMEOUT
+/// means "outcome unknown".
+fn commit_err(e: &regolith_proto::Error) -> pb::Status {
+    if may_have_applied(e) {
+        uds::status(
+            pb::Code::Timeout,
+            format!("metad: commit outcome unknown (the object may be stored): {e}"),
+        )
+    } else {
+        metad_err(e)
+    }
+}
+
 fn options(o: Option<pb::PutOptions>) -> mpb::PutOptions {
     let o = o.unwrap_or_default();
     mpb::PutOptions {
@@ -723,7 +756,7 @@ async fn put_commit(
                     Some(s) => uds::status(code_of(s.code), s.message),
                     None => uds::status(pb::Code::Internal, "commit answered fewer items"),
                 },
-                Err(e) => metad_err(e),
+                Err(e) => commit_err(e),
             };
             if status.code == 0 {
                 if let Some(p) = &p {
@@ -1170,8 +1203,8 @@ async fn get_size(side: &Arc<Sidecar>, req: pb::KeysRequest) -> pb::SizesReply {
 
 async fn remove(side: &Arc<Sidecar>, req: pb::KeysRequest) -> pb::RemoveReply {
     let keys = req.keys.clone();
-    match side.metad.remove(req.keys).await {
-        Ok(r) => pb::RemoveReply {
+    match remove_counting_failures(&side.metad, req.keys).await {
+        Ok((r, failed_attempts)) => pb::RemoveReply {
             status: Some(uds::ok()),
             statuses: keys
                 .iter()
@@ -1180,23 +1213,51 @@ async fn remove(side: &Arc<Sidecar>, req: pb::KeysRequest) -> pb::RemoveReply {
                         .iter()
                         .chain(std::iter::repeat(&(mpb::Code::Internal as i32))),
                 )
-                .map(|(k, c)| {
-                    let code = code_of(*c);
-                    uds::status(
-                        code,
-                        if code == pb::Code::Ok {
-                            String::new()
-                        } else {
-                            format!("{k:?}: {code:?}")
-                        },
-                    )
-                })
+                .map(|(k, c)| remove_status(k, *c, failed_attempts))
                 .collect(),
         },
         Err(e) => pb::RemoveReply {
             status: Some(metad_err(&e)),
             statuses: vec![],
         },
+    }
+}
+
+/// A remove through the leader-following client (which retries across elections), and how
+/// many of its attempts failed without an answer. Such an attempt may have been applied.
+async fn remove_counting_failures(
+    metad: &regolith_proto::client::MetadClient,
+    keys: Vec<String>,
+) -> regolith_proto::Result<(mpb::RemoveResponse, u32)> {
+    let req = mpb::RemoveRequest { keys };
+    let failed = std::sync::atomic::AtomicU32::new(0);
+    let (req, counter) = (&req, &failed);
+    let (resp, _) = metad
+        .call("remove", |mut c| async move {
+            let r = c.remove(req.clone()).await;
+            if r.is_err() {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+            r
+        })
+        .await?;
+    Ok((resp, failed.load(Ordering::Relaxed)))
+}
+
+/// One key's answer to a remove. NOT_FOUND after an attempt that got no answer is no proof the
+/// key was absent — that attempt may have removed it — so it answers TIMEOUT (outcome unknown).
+fn remove_status(key: &str, code: i32, failed_attempts: u32) -> pb::Status {
+    let code = code_of(code);
+    match code {
+        pb::Code::Ok => uds::ok(),
+        pb::Code::NotFound if failed_attempts > 0 => uds::status(
+            pb::Code::Timeout,
+            format!(
+                "{key:?}: outcome unknown: not found now, but an earlier attempt got no answer \
+                 and may have removed it"
+            ),
+        ),
+        code => uds::status(code, format!("{key:?}: {code:?}")),
     }
 }
 
@@ -1310,4 +1371,52 @@ async fn stats(side: &Arc<Sidecar>) -> pb::StatsReply {
         Err(e) => r.status = Some(metad_err(&e)),
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_without_a_definite_answer_is_outcome_unknown() {
+        let rpc = |code| regolith_proto::Error::Rpc {
+            addr: "m1:50051".into(),
+            code,
+            message: String::new(),
+        };
+        for e in [
+            rpc(tonic::Code::DeadlineExceeded),
+            rpc(tonic::Code::Unavailable),
+            rpc(tonic::Code::Cancelled),
+            regolith_proto::Error::NotLeader {
+                addr: "m1:50051".into(),
+                leader: None,
+            },
+        ] {
+            assert_eq!(commit_err(&e).code, pb::Code::Timeout as i32, "{e}");
+        }
+        assert_eq!(
+            commit_err(&rpc(tonic::Code::InvalidArgument)).code,
+            pb::Code::InvalidArgument as i32
+        );
+        let never_sent = regolith_proto::Error::BadAddress {
+            addr: "x".into(),
+            reason: "bad".into(),
+        };
+        assert_eq!(commit_err(&never_sent).code, pb::Code::Unavailable as i32);
+    }
+
+    #[test]
+    fn not_found_after_an_unanswered_remove_attempt_is_outcome_unknown() {
+        let not_found = mpb::Code::NotFound as i32;
+        assert_eq!(
+            remove_status("k", not_found, 0).code,
+            pb::Code::NotFound as i32
+        );
+        assert_eq!(
+            remove_status("k", not_found, 1).code,
+            pb::Code::Timeout as i32
+        );
+        assert_eq!(remove_status("k", mpb::Code::Ok as i32, 2).code, 0);
+    }
 }

@@ -1,9 +1,10 @@
 //! `regolith-chaos`: the long chaos profile.
 //!
 //! `cargo run -p regolith-chaos -- --duration 10m --seed N` runs seeded random faults for the
-//! duration against three metad replicas in network namespaces (as root), then checks the
-//! history and prints the table. The same binary also runs metad itself (`regolith-chaos
-//! metad …`), so it needs nothing else built.
+//! duration against three metad replicas and three sidecars in network namespaces (as root),
+//! then checks the history and prints the table. The same binary also runs the daemons
+//! themselves (`regolith-chaos metad …`, `regolith-chaos sidecar …`), so it needs nothing else
+//! built.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -12,7 +13,8 @@ use clap::Parser;
 use regolith_chaos::cluster::MetadLaunch;
 use regolith_chaos::metad_only::{MetadOnly, MetadOnlyConfig};
 use regolith_chaos::run::{run_profile, HarnessConfig};
-use regolith_chaos::schedule;
+use regolith_chaos::schedule::{self, Step};
+use regolith_chaos::sidecars::{SidecarConfig, SidecarLaunch, SidecarWorkload};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -42,6 +44,26 @@ struct Args {
     /// metad binary to run (default: this binary's `metad` subcommand).
     #[arg(long)]
     metad_bin: Option<std::path::PathBuf>,
+    /// sidecar binary to run (default: this binary's `sidecar` subcommand).
+    #[arg(long)]
+    sidecar_bin: Option<std::path::PathBuf>,
+    /// `sidecar` (real sidecars, bytes over the data plane) or `metad-only` (fake sidecars:
+    /// metadata faults only, plus the extent-overlap and premature-death checks).
+    #[arg(long, default_value = "sidecar", value_parser = ["sidecar", "metad-only"])]
+    workload: String,
+}
+
+/// A launch of `bin`, or of this binary's `sub` subcommand.
+fn launch_of(
+    bin: Option<std::path::PathBuf>,
+    sub: &str,
+) -> Result<(std::path::PathBuf, Vec<String>), String> {
+    match bin {
+        Some(p) => Ok((p, Vec::new())),
+        None => std::env::current_exe()
+            .map(|me| (me, vec![sub.to_string()]))
+            .map_err(|e| format!("cannot find my own binary: {e}")),
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -50,11 +72,20 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().collect();
-    // Multi-call: `regolith-chaos metad ARGS…` is regolith-metad.
-    if argv.get(1).map(String::as_str) == Some("metad") {
-        let mut metad_argv = vec!["regolith-metad".to_string()];
-        metad_argv.extend(argv[2..].iter().cloned());
-        return regolith_metad::run::main_with_args(metad_argv);
+    // Multi-call: `regolith-chaos metad ARGS…` is regolith-metad, `regolith-chaos sidecar
+    // ARGS…` regolith-sidecar.
+    match argv.get(1).map(String::as_str) {
+        Some("metad") => {
+            let mut a = vec!["regolith-metad".to_string()];
+            a.extend(argv[2..].iter().cloned());
+            return regolith_metad::run::main_with_args(a);
+        }
+        Some("sidecar") => {
+            let mut a = vec!["regolith-sidecar".to_string()];
+            a.extend(argv[2..].iter().cloned());
+            return regolith_sidecar::run::main_with_args(a);
+        }
+        _ => {}
     }
     let args = Args::parse();
     let _ = tracing_subscriber::fmt()
@@ -63,28 +94,30 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
-    let launch = match args.metad_bin {
-        Some(p) => MetadLaunch::new(p),
-        None => match std::env::current_exe() {
-            Ok(me) => {
-                let mut l = MetadLaunch::new(me);
-                l.prefix_args = vec!["metad".into()];
-                l
-            }
-            Err(e) => {
-                eprintln!("regolith-chaos: cannot find my own binary: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
+    let (launch, sidecar) = match (
+        launch_of(args.metad_bin.clone(), "metad"),
+        launch_of(args.sidecar_bin.clone(), "sidecar"),
+    ) {
+        (Ok(m), Ok(s)) => (m, s),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("regolith-chaos: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let launch = {
+        let mut l = MetadLaunch::new(launch.0);
+        l.prefix_args = launch.1;
+        l
     };
     let mut cfg = HarnessConfig::new(launch);
     cfg.workload.seed = args.seed;
     cfg.workload.keys = args.keys;
     cfg.workload.clients_per_host = args.clients;
-    let workload = MetadOnly::new(MetadOnlyConfig::default());
+    let data_plane = args.workload == "sidecar";
     // A filter that keeps nothing would make the endless long schedule spin forever.
-    let known: Vec<String> = schedule::quick(args.seed, true)
+    let known: Vec<String> = schedule::quick(args.seed, data_plane)
         .iter()
         .map(|s| s.fault.name())
         .collect();
@@ -97,22 +130,37 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let only = args.only.clone();
-    let wanted = move |s: &schedule::Step| {
+    let wanted = move |s: &Step| {
         only.is_empty() || only.iter().any(|p| s.fault.name().starts_with(p.as_str()))
     };
-    let result = if args.quick {
-        let steps: Vec<_> = schedule::quick(args.seed, false)
+    let (steps, duration): (Box<dyn Iterator<Item = Step>>, _) = if args.quick {
+        let steps: Vec<_> = schedule::quick(args.seed, data_plane)
             .into_iter()
             .filter(wanted)
             .collect();
-        run_profile(cfg, workload, steps, None)
+        (Box::new(steps.into_iter()), None)
     } else {
-        let steps = schedule::long(args.seed, false).filter(wanted);
-        run_profile(cfg, workload, steps, Some(args.duration))
+        (
+            Box::new(schedule::long(args.seed, data_plane).filter(wanted)),
+            Some(args.duration),
+        )
+    };
+    let result = if data_plane {
+        let mut sl = SidecarLaunch::new(sidecar.0);
+        sl.prefix_args = sidecar.1;
+        let workload = SidecarWorkload::new(SidecarConfig::new(sl));
+        run_profile(cfg, workload, steps, duration)
+    } else {
+        run_profile(
+            cfg,
+            MetadOnly::new(MetadOnlyConfig::default()),
+            steps,
+            duration,
+        )
     };
     match result {
         Ok(outcome) => {
-            println!("seed {}", args.seed);
+            println!("seed {}, workload {}", args.seed, args.workload);
             println!("{outcome}");
             if outcome.passed() {
                 ExitCode::SUCCESS

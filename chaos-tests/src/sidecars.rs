@@ -1,0 +1,997 @@
+//! The sidecar-backed workload: one real `regolith-sidecar` per sidecar host (`s1`..`s3`), in
+//! its namespace, with both NICs; workload clients on that host talk to it over its Unix
+//! socket with the Rust client ([`regolith_client::AsyncClient`]), as a vLLM worker would.
+//!
+//! Values are [`value::bytes`] of `(key, write id)`, from a few KiB to a few MiB (the size is
+//! derived from the write, so a read can be checked byte for byte), so puts and gets move real
+//! slices over the data plane. Client results are classified strictly:
+//!
+//! * put — `Ok` → stored (replicas with the segment generation known when the put began, see
+//!   [`Generations`]); `AlreadyExists` → a definite "no"; errors decided before anything was
+//!   reserved (no space, invalid argument, sidecar known down) → failed; every other error
+//!   (lost connection, metad or data plane unavailable, timeout: the commit may have been sent)
+//!   → indeterminate.
+//! * get — bytes → [`Reply::Found`] when they decode to a write of this key, else
+//!   [`Reply::Corrupt`] (an anomaly); `NotFound` → [`Reply::NotFound`]; `Corrupt` (the
+//!   checksum failed on every replica, no bytes returned) → [`Reply::CorruptMiss`], which is
+//!   fine; other errors → failed.
+//! * exists — the answer, or failed. remove — removed / not found, or indeterminate.
+//!
+//! Node faults: [`Workload::crash_node`] is kill -9 of the sidecar (its segment's memory is
+//! gone: the generation is recorded as gone at once), [`Workload::restart_node`] starts it again
+//! with the same `--state-dir` and node name, so it mounts a new generation. A poller reads
+//! every sidecar's `/status` and records each generation change (a remount after being
+//! declared dead) as [`EventKind::GenerationGone`].
+//!
+//! Data-port latency: the data ports of one host ([`SidecarConfig::proxied_host`]) sit behind
+//! [`Proxy`]s. The sidecar has no flag to advertise a data address other than the one it
+//! listens on, so peers are routed to the proxies by an nftables DNAT rule inside that host
+//! (`tcp dport DATA_PORT` → `PROXY_PORT` on the same address); the proxies forward to the real
+//! port locally.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use regolith_client::{AsyncClient, ClientConfig, Error as ClientError, ReplicateConfig};
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::history::{EventKind, History, OpResult, ReplicaLoc, Reply};
+use crate::netns::{self, Host};
+use crate::proxy::{Proxy, ProxyControl};
+use crate::status::http_get;
+use crate::value;
+use crate::workload::{HostCtx, Workload, WorkloadClient};
+
+/// The data-plane port of every sidecar (on each NIC).
+pub const DATA_PORT: u16 = 7600;
+/// Where the proxies in front of the proxied host's data ports listen (same addresses).
+pub const PROXY_PORT: u16 = 7601;
+/// The sidecars' HTTP port (`/status`, `/metrics`), on the first NIC.
+pub const METRICS_PORT: u16 = 9300;
+
+/// How to start one sidecar: `program prefix_args… <flags> extra_args…`.
+#[derive(Clone, Debug)]
+pub struct SidecarLaunch {
+    pub program: PathBuf,
+    /// Arguments before the flags (a multi-call binary's subcommand).
+    pub prefix_args: Vec<String>,
+    pub extra_args: Vec<String>,
+}
+
+impl SidecarLaunch {
+    /// Starts `program` (e.g. `env!("CARGO_BIN_EXE_chaos-sidecar")`).
+    pub fn new(program: impl Into<PathBuf>) -> Self {
+        Self {
+            program: program.into(),
+            prefix_args: Vec::new(),
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// The sizes of values: a share of small ones (inline on the UDS), medium ones (staging, one
+/// slice) and large ones (several 1 MiB slices, striped over the NICs).
+#[derive(Clone, Debug)]
+pub struct ValueSizes {
+    pub small: (usize, usize),
+    pub medium: (usize, usize),
+    pub large: (usize, usize),
+    /// Percent of small and of medium values; the rest are large.
+    pub small_pct: u64,
+    pub medium_pct: u64,
+}
+
+impl Default for ValueSizes {
+    fn default() -> Self {
+        Self {
+            small: (2 << 10, 60 << 10),
+            medium: (64 << 10, 1 << 20),
+            large: (1 << 20, 4 << 20),
+            small_pct: 45,
+            medium_pct: 40,
+        }
+    }
+}
+
+impl ValueSizes {
+    /// The length of the value of write `write_id` of `key` (derived, so it needs no record).
+    pub fn len_of(&self, key: &str, write_id: u64) -> usize {
+        let h = value::tag(key, write_id.wrapping_mul(0x9e37_79b9) & 0xffff_ffff) & 0xffff_ffff;
+        let (lo, hi) = match h % 100 {
+            p if p < self.small_pct => self.small,
+            p if p < self.small_pct + self.medium_pct => self.medium,
+            _ => self.large,
+        };
+        let span = hi.saturating_sub(lo).max(1) as u64;
+        lo.max(value::HEADER_LEN) + ((h / 100) % span) as usize
+    }
+
+    /// The largest value.
+    pub fn max(&self) -> usize {
+        self.small.1.max(self.medium.1).max(self.large.1)
+    }
+}
+
+/// Settings of the sidecar workload.
+#[derive(Clone, Debug)]
+pub struct SidecarConfig {
+    pub launch: SidecarLaunch,
+    /// Memory each sidecar contributes; large against keys × value size × replicas, so that
+    /// nothing is evicted (the checker can account for evictions, but they blunt it).
+    pub segment_size: u64,
+    pub worker_threads: usize,
+    /// Staging area each client asks for.
+    pub staging_size: u64,
+    pub sizes: ValueSizes,
+    /// The host whose data ports sit behind proxies (the data-port latency fault).
+    pub proxied_host: Option<String>,
+    /// How long a (re)started sidecar may take to serve.
+    pub start_timeout: Duration,
+    /// How often each sidecar's `/status` is read for generation changes.
+    pub poll_every: Duration,
+}
+
+impl SidecarConfig {
+    pub fn new(launch: SidecarLaunch) -> Self {
+        Self {
+            launch,
+            segment_size: 96 << 20,
+            worker_threads: 2,
+            staging_size: 16 << 20,
+            sizes: ValueSizes::default(),
+            proxied_host: Some("s1".into()),
+            start_timeout: Duration::from_secs(30),
+            poll_every: Duration::from_millis(200),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------- status
+
+/// The fields of the sidecar's `/status` the workload uses (untrusted input: a body that does
+/// not parse is skipped, never a panic).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct SidecarStatus {
+    pub node_id: u64,
+    pub generation: u64,
+    #[serde(default)]
+    pub puts: u64,
+    #[serde(default)]
+    pub gets: u64,
+    #[serde(default)]
+    pub checksum_mismatches: u64,
+}
+
+pub fn parse_sidecar_status(body: &[u8]) -> std::result::Result<SidecarStatus, String> {
+    serde_json::from_slice(body).map_err(|e| {
+        format!(
+            "{e}; body starts {:?}",
+            String::from_utf8_lossy(&body[..body.len().min(120)])
+        )
+    })
+}
+
+/// Per-NIC data-plane bytes (in + out) from a sidecar's `/metrics`, by NIC address. Lines that
+/// do not parse are skipped.
+pub fn parse_nic_bytes(metrics: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line
+            .strip_prefix("regolith_sidecar_nic_bytes_in{")
+            .or_else(|| line.strip_prefix("regolith_sidecar_nic_bytes_out{"))
+        else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once('}') else {
+            continue;
+        };
+        let nic = labels
+            .split(',')
+            .find_map(|l| l.trim().strip_prefix("nic=\""))
+            .and_then(|v| v.strip_suffix('"'));
+        let value = value.trim().parse::<f64>().ok().filter(|v| *v >= 0.0);
+        if let (Some(nic), Some(v)) = (nic, value) {
+            *out.entry(nic.to_string()).or_insert(0) += v as u64;
+        }
+    }
+    out
+}
+
+/// A Prometheus counter's value (first sample of `name`, any labels).
+pub fn parse_metric(metrics: &str, name: &str) -> Option<u64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v.max(0.0) as u64)
+}
+
+// ---------------------------------------------------------------------------- generations
+
+/// The segment generation of every node, as last seen in the sidecars' `/status`. A put
+/// records its replicas with the generations known when it began: the generation it landed in
+/// is that one or a later one (our view lags metad's, never leads it), so a loss is excused only
+/// when that generation, or an earlier one, went away (never a false alarm for a put placed
+/// after a remount).
+#[derive(Debug, Default)]
+pub struct Generations {
+    by_node: Mutex<HashMap<u64, u64>>,
+}
+
+impl Generations {
+    pub fn snapshot(&self) -> HashMap<u64, u64> {
+        self.by_node.lock().clone()
+    }
+
+    fn set(&self, loc: ReplicaLoc) {
+        self.by_node.lock().insert(loc.node, loc.generation);
+    }
+}
+
+/// The replicas of a stored put, with the generations of `gens`.
+fn replica_locs(info: &regolith_client::PutInfo, gens: &HashMap<u64, u64>) -> Vec<ReplicaLoc> {
+    info.replicas
+        .iter()
+        .map(|r| ReplicaLoc {
+            node: r.node_id,
+            generation: gens.get(&r.node_id).copied().unwrap_or(0),
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------- one node
+
+/// One sidecar host and its sidecar process.
+struct Node {
+    host: Host,
+    launch: SidecarLaunch,
+    args: Vec<String>,
+    log: PathBuf,
+    socket: PathBuf,
+    metrics_addr: String,
+    child: Mutex<Option<Child>>,
+    /// Set between a crash and the restart: clients fail at once.
+    down: AtomicBool,
+    segment: Mutex<Option<ReplicaLoc>>,
+    generations: Arc<Generations>,
+    history: History,
+    /// The host's runtime (inside its namespace), for HTTP to the sidecar.
+    rt: tokio::runtime::Handle,
+}
+
+impl Node {
+    fn spawn(&self) -> Result<()> {
+        let mut args = self.launch.prefix_args.clone();
+        args.extend(self.args.iter().cloned());
+        args.extend(self.launch.extra_args.iter().cloned());
+        let child = netns::spawn_in(&self.host.ns, &self.launch.program, &args, &self.log)?;
+        tracing::info!(host = %self.host.name, pid = child.id(), "sidecar started");
+        *self.child.lock() = Some(child);
+        Ok(())
+    }
+
+    /// kill -9; returns whether a process was running.
+    fn kill(&self) -> bool {
+        match self.child.lock().take() {
+            Some(mut c) => {
+                let _ = c.kill();
+                let _ = c.wait();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The exit status, if the sidecar exited by itself (the child is then forgotten).
+    fn exited(&self) -> Option<String> {
+        let mut guard = self.child.lock();
+        let status = guard.as_mut()?.try_wait().ok()??;
+        *guard = None;
+        Some(status.to_string())
+    }
+
+    fn segment(&self) -> Option<ReplicaLoc> {
+        *self.segment.lock()
+    }
+
+    /// Records the generation the sidecar now serves; every earlier one of this node is gone.
+    fn observe(&self, now: ReplicaLoc, why: &str) {
+        let old = self.segment.lock().replace(now);
+        self.generations.set(now);
+        let Some(old) = old.filter(|o| *o != now) else {
+            return;
+        };
+        // Every generation of this node from the old one up to the new one is gone (a poll may
+        // have missed some in between); a new node id (state file lost) ends the old node's.
+        let gone = if old.node == now.node && now.generation > old.generation {
+            old.generation..now.generation
+        } else {
+            old.generation..old.generation + 1
+        };
+        for generation in gone {
+            let loc = ReplicaLoc {
+                node: old.node,
+                generation,
+            };
+            let why = format!(
+                "{}: {why}, now generation {}",
+                self.host.name, now.generation
+            );
+            self.gone(loc, why);
+        }
+    }
+
+    fn gone(&self, loc: ReplicaLoc, why: String) {
+        tracing::info!(host = %self.host.name, node = loc.node, generation = loc.generation, %why, "segment generation gone");
+        self.history.event(EventKind::GenerationGone {
+            loc,
+            why,
+            heard_at_us: None,
+        });
+    }
+
+    async fn status(addr: String) -> std::result::Result<SidecarStatus, String> {
+        match http_get(&addr, "/status", Duration::from_millis(500)).await? {
+            (200, body) => parse_sidecar_status(&body),
+            (code, _) => Err(format!("HTTP {code}")),
+        }
+    }
+
+    /// Runs `fut` on the host's runtime (inside its namespace) and waits for it.
+    fn on_host<F>(&self, fut: F) -> Result<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let task = self.rt.spawn(fut);
+        futures_block_on(&self.rt, task)
+            .map_err(|e| Error::Cluster(format!("task on {}: {e}", self.host.name)))
+    }
+
+    fn metrics_text(&self) -> Result<String> {
+        let addr = self.metrics_addr.clone();
+        match self
+            .on_host(async move { http_get(&addr, "/metrics", Duration::from_secs(2)).await })?
+        {
+            Ok((200, body)) => Ok(String::from_utf8_lossy(&body).to_string()),
+            Ok((code, _)) => Err(Error::Cluster(format!(
+                "{}: /metrics answered HTTP {code}",
+                self.host.name
+            ))),
+            Err(e) => Err(Error::Cluster(format!("{}: /metrics: {e}", self.host.name))),
+        }
+    }
+
+    /// Waits until the sidecar serves (its socket accepts and `/status` answers) with a
+    /// generation newer than `after`; returns it.
+    async fn wait_serving(
+        self: Arc<Self>,
+        after: Option<ReplicaLoc>,
+        timeout: Duration,
+    ) -> Result<ReplicaLoc> {
+        let end = Instant::now() + timeout;
+        let mut last = String::from("not asked yet");
+        while Instant::now() < end {
+            if let Some(status) = self.exited() {
+                return Err(Error::Cluster(format!(
+                    "sidecar of {} exited during start-up ({status}):\n{}",
+                    self.host.name,
+                    log_tail(&self.log, 30)
+                )));
+            }
+            match Self::status(self.metrics_addr.clone()).await {
+                Ok(s) => {
+                    let loc = ReplicaLoc {
+                        node: s.node_id,
+                        generation: s.generation,
+                    };
+                    let newer =
+                        after.is_none_or(|a| a.node != loc.node || loc.generation > a.generation);
+                    if newer && std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                        return Ok(loc);
+                    }
+                    last = format!(
+                        "serving generation {} (waiting for a newer one or the socket)",
+                        s.generation
+                    );
+                }
+                Err(e) => last = e,
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(Error::Cluster(format!(
+            "sidecar of {} did not serve within {timeout:?} ({last}):\n{}",
+            self.host.name,
+            log_tail(&self.log, 30)
+        )))
+    }
+
+    /// Reads `/status` every `every` until `stop`, recording generation changes.
+    async fn poll(self: Arc<Self>, every: Duration, stop: Arc<AtomicBool>) {
+        while !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(every).await;
+            if self.down.load(Ordering::Relaxed) {
+                continue;
+            }
+            match Self::status(self.metrics_addr.clone()).await {
+                Ok(s) => {
+                    let loc = ReplicaLoc {
+                        node: s.node_id,
+                        generation: s.generation,
+                    };
+                    // A crash-restart in progress is recorded by the nemesis itself.
+                    if !self.down.load(Ordering::Relaxed) {
+                        self.observe(loc, "the sidecar remounted (metad asked it to)");
+                    }
+                }
+                Err(e) => tracing::trace!(host = %self.host.name, error = %e, "status poll failed"),
+            }
+        }
+    }
+}
+
+/// Blocks on a task of `rt` from a thread outside it (the task runs on the runtime's threads).
+fn futures_block_on<T: Send + 'static>(
+    rt: &tokio::runtime::Handle,
+    task: tokio::task::JoinHandle<T>,
+) -> std::result::Result<T, tokio::task::JoinError> {
+    // Handle::block_on only polls the JoinHandle here; the work itself runs on a runtime
+    // thread, inside the namespace.
+    rt.block_on(task)
+}
+
+fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The sidecar's flags for `host`.
+fn sidecar_args(cfg: &SidecarConfig, ctx: &HostCtx, socket: &Path, metrics: &str) -> Vec<String> {
+    let host = &ctx.host;
+    let mut a: Vec<String> = vec![
+        "--node-name".into(),
+        host.name.clone(),
+        "--state-dir".into(),
+        ctx.run_dir
+            .join(format!("sidecar-{}-state", host.name))
+            .display()
+            .to_string(),
+        "--segment-size".into(),
+        cfg.segment_size.to_string(),
+        "--metad".into(),
+        ctx.metad_addrs.join(","),
+        "--cluster-token-file".into(),
+        ctx.token_file.display().to_string(),
+        "--data-port".into(),
+        DATA_PORT.to_string(),
+        "--socket".into(),
+        socket.display().to_string(),
+        "--metrics-addr".into(),
+        metrics.to_string(),
+        "--worker-threads".into(),
+        cfg.worker_threads.to_string(),
+        "--huge-pages".into(),
+        "never".into(),
+        "--test-hooks".into(),
+    ];
+    for nic in &host.nics {
+        a.extend(["--nic".into(), nic.addr.to_string()]);
+    }
+    a
+}
+
+/// The nftables table that routes peers' data-plane connections to `host`'s proxies.
+fn proxy_nat_script(host: &Host) -> String {
+    let mut s = String::from("table ip rgc_dataproxy {\n  chain prerouting {\n");
+    s.push_str("    type nat hook prerouting priority -100; policy accept;\n");
+    for nic in &host.nics {
+        s.push_str(&format!(
+            "    ip daddr {a} tcp dport {DATA_PORT} dnat to {a}:{PROXY_PORT}\n",
+            a = nic.addr
+        ));
+    }
+    s.push_str("  }\n}\n");
+    s
+}
+
+// ---------------------------------------------------------------------------- the workload
+
+/// The sidecar-backed workload (see the module documentation).
+pub struct SidecarWorkload {
+    cfg: SidecarConfig,
+    nodes: Mutex<BTreeMap<String, Arc<Node>>>,
+    generations: Arc<Generations>,
+    proxies: Mutex<Vec<Proxy>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl SidecarWorkload {
+    pub fn new(cfg: SidecarConfig) -> Self {
+        Self {
+            cfg,
+            nodes: Mutex::new(BTreeMap::new()),
+            generations: Arc::new(Generations::default()),
+            proxies: Mutex::new(Vec::new()),
+            stop: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn node(&self, host: &str) -> Result<Arc<Node>> {
+        self.nodes
+            .lock()
+            .get(host)
+            .cloned()
+            .ok_or_else(|| Error::Config(format!("sidecar host {host} was not started")))
+    }
+
+    /// Puts proxies in front of `host`'s data ports and routes peers to them.
+    async fn start_proxies(&self, ctx: &HostCtx) -> Result<()> {
+        let mut started = Vec::new();
+        for nic in &ctx.host.nics {
+            let listen = SocketAddr::new(nic.addr.into(), PROXY_PORT);
+            let upstream = SocketAddr::new(nic.addr.into(), DATA_PORT);
+            started.push(Proxy::start(listen, upstream).await?);
+        }
+        netns::nft_apply(
+            &ctx.host.ns,
+            &ctx.run_dir,
+            &format!("{}-dataproxy", ctx.host.name),
+            &proxy_nat_script(&ctx.host),
+        )?;
+        tracing::info!(host = %ctx.host.name, proxies = started.len(), "data ports behind proxies");
+        self.proxies.lock().extend(started);
+        Ok(())
+    }
+}
+
+impl Drop for SidecarWorkload {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for node in self.nodes.lock().values() {
+            node.kill();
+        }
+    }
+}
+
+impl Workload for SidecarWorkload {
+    type Client = SidecarClient;
+
+    fn name(&self) -> &'static str {
+        "sidecar"
+    }
+
+    async fn start_host(&self, ctx: HostCtx) -> Result<()> {
+        let host = &ctx.host;
+        if !self.cfg.launch.program.exists() {
+            return Err(Error::MissingBinary(self.cfg.launch.program.clone()));
+        }
+        let socket = ctx.run_dir.join(format!("{}.sock", host.name));
+        let metrics_addr = format!("{}:{METRICS_PORT}", host.addr());
+        let node = Arc::new(Node {
+            args: sidecar_args(&self.cfg, &ctx, &socket, &metrics_addr),
+            launch: self.cfg.launch.clone(),
+            log: ctx.run_dir.join(format!("sidecar-{}.log", host.name)),
+            socket,
+            metrics_addr,
+            child: Mutex::new(None),
+            down: AtomicBool::new(false),
+            segment: Mutex::new(None),
+            generations: self.generations.clone(),
+            history: ctx.history.clone(),
+            rt: tokio::runtime::Handle::current(),
+            host: host.clone(),
+        });
+        node.spawn()?;
+        let loc = node
+            .clone()
+            .wait_serving(None, self.cfg.start_timeout)
+            .await?;
+        node.observe(loc, "started");
+        tracing::info!(host = %host.name, node = loc.node, generation = loc.generation, "sidecar serving");
+        if self.cfg.proxied_host.as_deref() == Some(host.name.as_str()) {
+            self.start_proxies(&ctx).await?;
+        }
+        tokio::spawn(node.clone().poll(self.cfg.poll_every, self.stop.clone()));
+        self.nodes.lock().insert(host.name.clone(), node);
+        Ok(())
+    }
+
+    fn client(&self, host: &str, process: u32) -> Result<SidecarClient> {
+        let node = self.node(host)?;
+        let mut cfg = ClientConfig::new(&node.socket);
+        cfg.staging_size = self.cfg.staging_size;
+        cfg.name = format!("chaos-p{process}");
+        Ok(SidecarClient {
+            node,
+            cfg,
+            client: tokio::sync::OnceCell::new(),
+            sizes: self.cfg.sizes.clone(),
+        })
+    }
+
+    fn crash_node(&self, host: &str) -> Result<()> {
+        let node = self.node(host)?;
+        node.down.store(true, Ordering::Relaxed);
+        if !node.kill() {
+            return Err(Error::Cluster(format!(
+                "the sidecar of {host} was not running"
+            )));
+        }
+        if let Some(loc) = node.segment() {
+            node.gone(
+                loc,
+                format!("{host}: kill -9 of the sidecar (its memory is gone)"),
+            );
+        }
+        Ok(())
+    }
+
+    fn restart_node(&self, host: &str) -> Result<()> {
+        let node = self.node(host)?;
+        let before = node.segment();
+        node.spawn()?;
+        let (n, timeout) = (node.clone(), self.cfg.start_timeout);
+        let loc = node.on_host(async move { n.wait_serving(before, timeout).await })??;
+        node.observe(loc, "restarted");
+        node.down.store(false, Ordering::Relaxed);
+        tracing::info!(
+            host,
+            node = loc.node,
+            generation = loc.generation,
+            "sidecar restarted"
+        );
+        Ok(())
+    }
+
+    fn data_proxies(&self) -> Vec<Arc<ProxyControl>> {
+        self.proxies
+            .lock()
+            .iter()
+            .map(|p| p.control().clone())
+            .collect()
+    }
+
+    fn nic_traffic(&self, host: &str) -> Result<BTreeMap<String, u64>> {
+        Ok(parse_nic_bytes(&self.node(host)?.metrics_text()?))
+    }
+
+    fn exited(&self) -> Vec<(String, String)> {
+        self.nodes
+            .lock()
+            .iter()
+            .filter_map(|(name, n)| n.exited().map(|s| (name.clone(), s)))
+            .collect()
+    }
+
+    fn report(&self) -> Vec<String> {
+        let nodes: Vec<Arc<Node>> = self.nodes.lock().values().cloned().collect();
+        nodes.iter().map(|n| node_report(n)).collect()
+    }
+
+    fn log_tails(&self, n: usize) -> String {
+        let mut s = String::new();
+        for node in self.nodes.lock().values() {
+            s.push_str(&format!("----- sidecar of {} -----\n", node.host.name));
+            s.push_str(&log_tail(&node.log, n));
+            s.push('\n');
+        }
+        s
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One line about a sidecar at the end of the run.
+fn node_report(n: &Node) -> String {
+    let seg = n
+        .segment()
+        .map(|s| format!("node {} generation {}", s.node, s.generation))
+        .unwrap_or_else(|| "no segment".into());
+    let addr = n.metrics_addr.clone();
+    let status = n
+        .on_host(Node::status(addr))
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+    let counts = match status {
+        Ok(s) => format!("puts {}, gets {}", s.puts, s.gets),
+        Err(e) => format!("status unavailable ({e})"),
+    };
+    match n.metrics_text() {
+        Ok(m) => {
+            let nics: Vec<String> = parse_nic_bytes(&m)
+                .iter()
+                .map(|(nic, b)| format!("{nic} {:.1} MiB", *b as f64 / (1u64 << 20) as f64))
+                .collect();
+            format!(
+                "sidecar {}: {seg}; {counts}; checksum mismatches {}, remounts {}; data plane {}",
+                n.host.name,
+                parse_metric(&m, "regolith_sidecar_checksum_mismatches_total").unwrap_or(0),
+                parse_metric(&m, "regolith_sidecar_remounts_total").unwrap_or(0),
+                nics.join(", ")
+            )
+        }
+        Err(e) => format!(
+            "sidecar {}: {seg}; {counts}; metrics unavailable: {e}",
+            n.host.name
+        ),
+    }
+}
+
+// ---------------------------------------------------------------------------- one client
+
+/// A workload client: one connection to its host's sidecar.
+pub struct SidecarClient {
+    node: Arc<Node>,
+    cfg: ClientConfig,
+    /// Connected at the first operation (the client reconnects by itself afterwards).
+    client: tokio::sync::OnceCell<AsyncClient>,
+    sizes: ValueSizes,
+}
+
+/// Whether a put prefers a local first replica (half of them, derived from the write).
+fn prefers_local(write_id: u64) -> bool {
+    write_id & 1 == 0
+}
+
+/// Classifies a failed put. Only outcomes decided before anything was reserved, or answers
+/// that say nothing was written, are failures; everything else may have been committed.
+pub fn put_error(e: &ClientError) -> OpResult {
+    match e {
+        ClientError::AlreadyExists { .. } => OpResult::Ok(Reply::AlreadyExists),
+        ClientError::NoSpace { .. }
+        | ClientError::InvalidArgument(_)
+        | ClientError::BufferTooSmall { .. }
+        | ClientError::Connect { .. }
+        | ClientError::Hello { .. } => OpResult::Fail(format!("put: {e}")),
+        _ => OpResult::Indeterminate(format!("put: {e}")),
+    }
+}
+
+/// Classifies a get's answer.
+pub fn get_outcome(key: &str, r: std::result::Result<Vec<u8>, ClientError>) -> OpResult {
+    match r {
+        Ok(bytes) => match value::decode_bytes(key, &bytes) {
+            Ok(write_id) => OpResult::Ok(Reply::Found { write_id }),
+            Err(detail) => OpResult::Ok(Reply::Corrupt { detail }),
+        },
+        Err(ClientError::NotFound { .. }) => OpResult::Ok(Reply::NotFound),
+        Err(e @ ClientError::Corrupt { .. }) => OpResult::Ok(Reply::CorruptMiss {
+            detail: e.to_string(),
+        }),
+        Err(e) => OpResult::Fail(format!("get: {e}")),
+    }
+}
+
+/// Classifies a remove's answer (a lost connection or an unavailable metad may have removed).
+pub fn remove_outcome(r: std::result::Result<(), ClientError>) -> OpResult {
+    match r {
+        Ok(()) => OpResult::Ok(Reply::Removed(true)),
+        Err(ClientError::NotFound { .. }) => OpResult::Ok(Reply::Removed(false)),
+        Err(e @ (ClientError::InvalidArgument(_) | ClientError::Connect { .. })) => {
+            OpResult::Fail(format!("remove: {e}"))
+        }
+        Err(e) => OpResult::Indeterminate(format!("remove: {e}")),
+    }
+}
+
+impl SidecarClient {
+    /// The connected client, or why the operation cannot start (it then had no effect).
+    async fn connected(&self) -> std::result::Result<&AsyncClient, OpResult> {
+        if self.node.down.load(Ordering::Relaxed) {
+            return Err(OpResult::Fail("sidecar down".into()));
+        }
+        self.client
+            .get_or_try_init(|| AsyncClient::connect(self.cfg.clone()))
+            .await
+            .map_err(|e| OpResult::Fail(format!("connect: {e}")))
+    }
+}
+
+impl WorkloadClient for SidecarClient {
+    async fn put(&self, key: &str, write_id: u64, replicas: u32) -> OpResult {
+        let client = match self.connected().await {
+            Ok(c) => c,
+            Err(r) => return r,
+        };
+        let data = value::bytes(key, write_id, self.sizes.len_of(key, write_id));
+        let cfg = ReplicateConfig {
+            replica_num: replicas,
+            prefer_local: prefers_local(write_id),
+            ..Default::default()
+        };
+        let gens = self.node.generations.snapshot();
+        match client.put(key, &data, &cfg).await {
+            Ok(info) => OpResult::Ok(Reply::Stored {
+                replicas: replica_locs(&info, &gens),
+                extents: Vec::new(),
+            }),
+            Err(e) => put_error(&e),
+        }
+    }
+
+    async fn get(&self, key: &str) -> OpResult {
+        match self.connected().await {
+            Ok(c) => get_outcome(key, c.get(key).await),
+            Err(r) => r,
+        }
+    }
+
+    async fn exists(&self, key: &str) -> OpResult {
+        match self.connected().await {
+            Ok(c) => match c.exists(key).await {
+                Ok(b) => OpResult::Ok(Reply::Exists(b)),
+                Err(e) => OpResult::Fail(format!("exists: {e}")),
+            },
+            Err(r) => r,
+        }
+    }
+
+    async fn remove(&self, key: &str) -> OpResult {
+        match self.connected().await {
+            Ok(c) => remove_outcome(c.remove(key).await),
+            Err(r) => r,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_and_metrics_parse_and_refuse_garbage() {
+        let s = parse_sidecar_status(br#"{"node_id":3,"generation":2,"puts":5,"x":1}"#).unwrap();
+        assert_eq!((s.node_id, s.generation, s.puts), (3, 2, 5));
+        assert!(parse_sidecar_status(b"\xff\x00not json").is_err());
+        assert!(parse_sidecar_status(br#"{"node_id":"three"}"#).is_err());
+        let m = "# HELP x\n\
+                 regolith_sidecar_nic_bytes_in{nic=\"10.77.0.21\"} 100\n\
+                 regolith_sidecar_nic_bytes_out{nic=\"10.77.0.21\"} 50\n\
+                 regolith_sidecar_nic_bytes_in{nic=\"10.77.1.21\"} 7\n\
+                 regolith_sidecar_nic_bytes_in{nic=\"bad\"} -3\n\
+                 regolith_sidecar_nic_bytes_in{nic=\"10.77.1.21\" 9\n\
+                 regolith_sidecar_checksum_mismatches_total 2\n\
+                 garbage line {{{\n";
+        let nics = parse_nic_bytes(m);
+        assert_eq!(nics.get("10.77.0.21"), Some(&150));
+        assert_eq!(nics.get("10.77.1.21"), Some(&7));
+        assert_eq!(nics.len(), 2);
+        assert_eq!(
+            parse_metric(m, "regolith_sidecar_checksum_mismatches_total"),
+            Some(2)
+        );
+        assert_eq!(parse_metric(m, "regolith_sidecar_nic"), None);
+    }
+
+    #[test]
+    fn value_sizes_span_kib_to_mib_and_are_derived_from_the_write() {
+        let s = ValueSizes::default();
+        let lens: Vec<usize> = (0..2000).map(|w| s.len_of("key-001", w)).collect();
+        assert_eq!(
+            lens,
+            (0..2000)
+                .map(|w| s.len_of("key-001", w))
+                .collect::<Vec<_>>()
+        );
+        assert!(lens.iter().all(|l| (2 << 10..=4 << 20).contains(l)));
+        let small = lens.iter().filter(|l| **l < 64 << 10).count();
+        let large = lens.iter().filter(|l| **l >= 1 << 20).count();
+        assert!((700..1100).contains(&small), "{small}");
+        assert!((200..400).contains(&large), "{large}");
+    }
+
+    #[test]
+    fn client_errors_are_classified_by_what_they_prove() {
+        let key = || "k".to_string();
+        assert_eq!(
+            put_error(&ClientError::AlreadyExists { key: key() }),
+            OpResult::Ok(Reply::AlreadyExists)
+        );
+        assert!(matches!(
+            put_error(&ClientError::NoSpace {
+                key: key(),
+                message: String::new()
+            }),
+            OpResult::Fail(_)
+        ));
+        for e in [
+            ClientError::Disconnected("eof".into()),
+            ClientError::Server {
+                key: key(),
+                code: regolith_client::pb::Code::Unavailable,
+                message: String::new(),
+            },
+            ClientError::Protocol("x".into()),
+        ] {
+            assert!(matches!(put_error(&e), OpResult::Indeterminate(_)), "{e}");
+        }
+        let v = value::bytes("k", 4, 5000);
+        assert_eq!(
+            get_outcome("k", Ok(v.clone())),
+            OpResult::Ok(Reply::Found { write_id: 4 })
+        );
+        assert!(matches!(
+            get_outcome("other", Ok(v)),
+            OpResult::Ok(Reply::Corrupt { .. })
+        ));
+        assert!(matches!(
+            get_outcome("k", Err(ClientError::Corrupt { key: key() })),
+            OpResult::Ok(Reply::CorruptMiss { .. })
+        ));
+        assert_eq!(
+            get_outcome("k", Err(ClientError::NotFound { key: key() })),
+            OpResult::Ok(Reply::NotFound)
+        );
+        assert!(matches!(
+            get_outcome("k", Err(ClientError::Disconnected("x".into()))),
+            OpResult::Fail(_)
+        ));
+        assert_eq!(
+            remove_outcome(Err(ClientError::NotFound { key: key() })),
+            OpResult::Ok(Reply::Removed(false))
+        );
+        assert!(matches!(
+            remove_outcome(Err(ClientError::Disconnected("x".into()))),
+            OpResult::Indeterminate(_)
+        ));
+    }
+
+    #[test]
+    fn generation_changes_mark_every_earlier_generation_gone() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let history = History::new();
+        let node = Node {
+            host: Host {
+                name: "s1".into(),
+                ns: "none".into(),
+                nics: vec![],
+            },
+            launch: SidecarLaunch::new("/nonexistent"),
+            args: vec![],
+            log: PathBuf::from("/nonexistent"),
+            socket: PathBuf::from("/nonexistent"),
+            metrics_addr: String::new(),
+            child: Mutex::new(None),
+            down: AtomicBool::new(false),
+            segment: Mutex::new(None),
+            generations: Arc::new(Generations::default()),
+            history: history.clone(),
+            rt: rt.handle().clone(),
+        };
+        let loc = |generation| ReplicaLoc {
+            node: 4,
+            generation,
+        };
+        node.observe(loc(1), "started");
+        node.observe(loc(1), "poll");
+        node.observe(loc(4), "remount");
+        let gone: Vec<u64> = history
+            .snapshot()
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::GenerationGone { loc, .. } => Some(loc.generation),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(gone, vec![1, 2, 3]);
+        assert_eq!(node.generations.snapshot().get(&4), Some(&4));
+    }
+}
