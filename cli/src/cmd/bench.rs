@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::stream::{FuturesUnordered, StreamExt};
 use regolith_client::{AsyncClient, ClientConfig, Dest, ReplicateConfig, ShmBuffer, Source};
 use serde::Serialize;
 
@@ -214,10 +213,8 @@ struct Tally {
     items: u64,
     errors: u64,
     lat: Vec<Duration>,
-    /// Time the client spent writing put_from sources, verifying bytes and turning the key ring
-    /// (not part of the figure).
-    untimed: Duration,
-    wall: Duration,
+    /// Time with calls in flight: what the rates are computed over.
+    timed: Duration,
 }
 
 struct Env {
@@ -313,47 +310,53 @@ async fn run_client(
             }
         }
     }
-    let start = Instant::now();
-    let end = start + env.duration;
+    // Rounds of `depth` calls: sources written (untimed), the calls run concurrently (timed,
+    // from the first issued to the last answered), then every result verified (untimed). The
+    // clock only stops while nothing is in flight, so pipelined rows are never flattered by
+    // transfers that progressed while the bench was verifying.
+    let deadline = Instant::now() + env.duration;
     let mut next: u64 = 0;
     let mut live: std::collections::VecDeque<String> = Default::default();
-    let mut inflight = FuturesUnordered::new();
-    let mut slot_free: Vec<usize> = (0..env.depth).collect();
-    loop {
-        while Instant::now() < end {
-            let Some(slot) = slot_free.pop() else { break };
-            let first = next;
-            next += batch as u64;
-            let fut = one_call(
-                &client, &env, c, &cfg, idx, first, batch, ring, &values, &shm, slot,
-            );
-            inflight.push(async move { (slot, first, fut.await) });
-        }
-        let Some((slot, first, (took, side, res))) = inflight.next().await else {
-            break;
-        };
-        slot_free.push(slot);
-        t.untimed += side;
-        let untimed = Instant::now();
-        t.lat.push(took);
-        match res {
-            Ok(n) => t.items += n,
-            Err(_) => t.errors += batch as u64,
-        }
-        if c.op.is_put() {
-            for i in first..first + batch as u64 {
-                live.push_back(key(&env, c, idx, i));
+    let mut scratch = Vec::new();
+    while Instant::now() < deadline {
+        let plans: Vec<Plan> = (0..env.depth)
+            .map(|slot| {
+                let p = plan(&env, c, idx, next, batch, ring, slot);
+                next += batch as u64;
+                p
+            })
+            .collect();
+        let ready: Vec<bool> = plans
+            .iter()
+            .map(|p| prepare(c, p, &values, &shm, batch))
+            .collect();
+        let round = Instant::now();
+        let calls: Vec<_> = plans
+            .iter()
+            .zip(&ready)
+            .filter(|(_, ok)| **ok)
+            .map(|(p, _)| timed_call(&client, c, &cfg, p, &values, &shm, batch))
+            .collect();
+        let outcomes = futures::future::join_all(calls).await;
+        t.timed += round.elapsed();
+        t.errors += ready.iter().filter(|ok| !**ok).count() as u64 * batch as u64;
+        for (p, (took, outcome)) in plans.iter().filter(|p| ready[p.slot]).zip(outcomes) {
+            t.lat.push(took);
+            match verify(&env, c, p, &values, &shm, batch, outcome, &mut scratch) {
+                Ok(n) => t.items += n,
+                Err(_) => t.errors += batch as u64,
             }
-            // The ring turns: remove what fell out of it, so the segments never fill.
-            if live.len() as u64 >= ring {
-                let old: Vec<String> = live.drain(..).collect();
-                let refs: Vec<&str> = old.iter().map(|s| s.as_str()).collect();
-                let _ = client.batch_remove(&refs).await;
+            if c.op.is_put() {
+                live.extend(p.keys.iter().cloned());
             }
         }
-        t.untimed += untimed.elapsed();
+        // The ring turns: remove what was put, so the segments never fill.
+        if live.len() as u64 >= ring {
+            let old: Vec<String> = live.drain(..).collect();
+            let refs: Vec<&str> = old.iter().map(|s| s.as_str()).collect();
+            let _ = client.batch_remove(&refs).await;
+        }
     }
-    t.wall = start.elapsed();
     // Clean up this cell's keys (not timed).
     let mut keys: Vec<String> = live.into_iter().collect();
     if !c.op.is_put() {
@@ -369,24 +372,15 @@ async fn run_client(
     Ok(t)
 }
 
-/// One call of the cell's op; returns its latency and the items it completed correctly (a
-/// wrong byte or a misplaced put makes it an error, detected after the timed part).
-#[allow(clippy::too_many_arguments)]
-async fn one_call(
-    client: &AsyncClient,
-    env: &Env,
-    c: &Cell,
-    cfg: &ReplicateConfig,
-    idx: usize,
-    first: u64,
-    batch: usize,
-    ring: u64,
-    values: &[Vec<u8>],
-    shm: &[ShmBuffer],
+/// One call of a round: its keys, the ring values they carry, and its registered-buffer slot.
+struct Plan {
     slot: usize,
-) -> (Duration, Duration, Result<u64>) {
-    let prep = Instant::now();
-    let keys: Vec<String> = (0..batch as u64)
+    keys: Vec<String>,
+    vals: Vec<usize>,
+}
+
+fn plan(env: &Env, c: &Cell, idx: usize, first: u64, batch: usize, ring: u64, slot: usize) -> Plan {
+    let keys = (0..batch as u64)
         .map(|j| {
             if c.op.is_put() {
                 key(env, c, idx, first + j)
@@ -395,23 +389,37 @@ async fn one_call(
             }
         })
         .collect();
-    let vals: Vec<&Vec<u8>> = (0..batch as u64)
-        .map(|j| &values[((first + j) % ring) as usize])
+    let vals = (0..batch as u64)
+        .map(|j| ((first + j) % ring) as usize)
         .collect();
-    let shm_slot = |j: usize| &shm[slot * batch + j];
-    // Sources of put_from are written before the timed call.
-    if matches!(c.op, Op::PutFrom | Op::BatchPutFrom) {
-        for (j, v) in vals.iter().enumerate() {
-            if shm_slot(j).write(0, v).is_err() {
-                return (
-                    Duration::ZERO,
-                    prep.elapsed(),
-                    Err(Error::Failed("writing a registered buffer".into())),
-                );
-            }
-        }
+    Plan { slot, keys, vals }
+}
+
+/// Writes the sources of a put_from call into its registered buffers (before the timed part).
+fn prepare(c: &Cell, p: &Plan, values: &[Vec<u8>], shm: &[ShmBuffer], batch: usize) -> bool {
+    if !matches!(c.op, Op::PutFrom | Op::BatchPutFrom) {
+        return true;
     }
-    let prep = prep.elapsed();
+    p.vals
+        .iter()
+        .enumerate()
+        .all(|(j, v)| shm[p.slot * batch + j].write(0, &values[*v]).is_ok())
+}
+
+/// The timed part of one call: its latency and what it returned (got bytes for `get`).
+async fn timed_call(
+    client: &AsyncClient,
+    c: &Cell,
+    cfg: &ReplicateConfig,
+    p: &Plan,
+    values: &[Vec<u8>],
+    shm: &[ShmBuffer],
+    batch: usize,
+) -> (Duration, Result<Vec<Option<Vec<u8>>>>) {
+    let keys = &p.keys;
+    let vals: Vec<&Vec<u8>> = p.vals.iter().map(|v| &values[*v]).collect();
+    let slot = p.slot;
+    let shm_slot = |j: usize| &shm[slot * batch + j];
     let start = Instant::now();
     let outcome: Result<Vec<Option<Vec<u8>>>> = match c.op {
         Op::Put => client
@@ -523,11 +531,25 @@ async fn one_call(
                 })
         }
     };
-    let took = start.elapsed();
-    // Verification: outside the timed part.
-    let check = Instant::now();
-    let mut scratch = Vec::new();
-    let verdict = outcome.and_then(|got| {
+    (start.elapsed(), outcome)
+}
+
+/// Checks one call's result after the timed part: every byte read against the value that was
+/// put, every put's placement; returns the items that were right.
+#[allow(clippy::too_many_arguments)]
+fn verify(
+    env: &Env,
+    c: &Cell,
+    p: &Plan,
+    values: &[Vec<u8>],
+    shm: &[ShmBuffer],
+    batch: usize,
+    outcome: Result<Vec<Option<Vec<u8>>>>,
+    scratch: &mut Vec<u8>,
+) -> Result<u64> {
+    let vals: Vec<&Vec<u8>> = p.vals.iter().map(|v| &values[*v]).collect();
+    let shm_slot = |j: usize| &shm[p.slot * batch + j];
+    outcome.and_then(|got| {
         let mut ok = 0u64;
         for (j, g) in got.iter().enumerate() {
             let expected = vals[j];
@@ -535,8 +557,7 @@ async fn one_call(
                 (Op::Get, Some(v)) => same(v, expected, env.corrupt),
                 (Op::GetInto | Op::BatchGetInto, _) => {
                     scratch.resize(c.size as usize, 0);
-                    shm_slot(j).read(0, &mut scratch).is_ok()
-                        && same(&scratch, expected, env.corrupt)
+                    shm_slot(j).read(0, scratch).is_ok() && same(&scratch, expected, env.corrupt)
                 }
                 _ => true,
             };
@@ -553,8 +574,7 @@ async fn one_call(
                 got.len()
             )))
         }
-    });
-    (took, prep + check.elapsed(), verdict)
+    })
 }
 
 fn same(got: &[u8], expected: &[u8], corrupt: bool) -> bool {
@@ -591,10 +611,7 @@ async fn run_cell(clients: &[AsyncClient], env: Arc<Env>, cell: Cell) -> Row {
     for t in tasks {
         match t.await {
             Ok(Ok(t)) => {
-                let timed = t
-                    .wall
-                    .saturating_sub(t.untimed)
-                    .max(Duration::from_micros(1));
+                let timed = t.timed.max(Duration::from_micros(1));
                 items_per_s += t.items as f64 / timed.as_secs_f64();
                 errors += t.errors;
                 lat.extend(t.lat);
