@@ -520,7 +520,7 @@ fn bench_verifies_every_byte_and_reports_a_wrong_one() {
         assert_eq!(r["errors"].as_u64(), Some(0), "{r}");
         assert!(r["ops_per_s"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
         assert!(r["p50_us"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
-        for c in ["memcpy_gbps", "tcp_gbps"] {
+        for c in ["memcpy_gbps", "tcp_gbps", "tcp_rtt_us"] {
             assert!(
                 report["ceilings"][c].as_f64().unwrap_or(0.0) > 0.0,
                 "{c}: {report}"

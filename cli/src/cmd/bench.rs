@@ -105,6 +105,9 @@ pub struct Row {
 pub struct Ceilings {
     pub memcpy_gbps: f64,
     pub tcp_gbps: f64,
+    /// Round trip of 32 bytes between two threads over loopback TCP, p50: the floor under any
+    /// request/reply latency on this machine (it moves with how idle the cores are).
+    pub tcp_rtt_us: f64,
 }
 
 #[derive(Serialize, Debug)]
@@ -169,6 +172,38 @@ pub fn tcp_ceiling() -> Result<f64> {
             .map_err(|_| Error::Failed("TCP ceiling receiver panicked".into()))??;
     }
     Ok(median(&mut rounds))
+}
+
+/// p50 of 2000 round trips of 32 bytes between two threads over loopback TCP (plain sockets,
+/// `TCP_NODELAY`).
+pub fn tcp_rtt() -> Result<f64> {
+    const ROUNDS: usize = 2000;
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = l.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = [0u8; 32];
+        for _ in 0..ROUNDS {
+            s.read_exact(&mut buf)?;
+            s.write_all(&buf)?;
+        }
+        Ok(())
+    });
+    let mut s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let mut buf = [7u8; 32];
+    let mut lat = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        s.write_all(&buf)?;
+        s.read_exact(&mut buf)?;
+        lat.push(t.elapsed());
+    }
+    echo.join()
+        .map_err(|_| Error::Failed("TCP round-trip echo thread panicked".into()))??;
+    lat.sort();
+    Ok(percentile(&lat, 0.5))
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -664,7 +699,8 @@ pub fn run(ctx: &Ctx, a: &BenchArgs) -> Result<()> {
     eprintln!("measuring the machine's ceilings...");
     let memcpy = memcpy_ceiling();
     let tcp = tcp_ceiling()?;
-    eprintln!("  memcpy {memcpy:.2} GB/s, loopback TCP {tcp:.2} GB/s");
+    let rtt = tcp_rtt()?;
+    eprintln!("  memcpy {memcpy:.2} GB/s, loopback TCP {tcp:.2} GB/s, TCP round trip {rtt:.1} us");
     let report = rt.block_on(async {
         let mut clients = Vec::new();
         for i in 0..a.clients.max(1) {
@@ -739,6 +775,7 @@ pub fn run(ctx: &Ctx, a: &BenchArgs) -> Result<()> {
             ceilings: Ceilings {
                 memcpy_gbps: memcpy,
                 tcp_gbps: tcp,
+                tcp_rtt_us: rtt,
             },
             results: rows,
         })
@@ -761,7 +798,7 @@ pub fn run(ctx: &Ctx, a: &BenchArgs) -> Result<()> {
 
 fn print_table(r: &Report) {
     let c = &r.ceilings;
-    eprintln!("ceilings: memcpy {:.2} GB/s (16 MiB, not cache-resident), loopback TCP {:.2} GB/s (one stream)", c.memcpy_gbps, c.tcp_gbps);
+    eprintln!("ceilings: memcpy {:.2} GB/s (16 MiB, not cache-resident), loopback TCP {:.2} GB/s (one stream), TCP round trip p50 {:.1} us", c.memcpy_gbps, c.tcp_gbps, c.tcp_rtt_us);
     eprintln!(
         "{:<7} {:>6} {:<15} {:>5} {:>12} {:>8} {:>7} {:>10} {:>10} {:>6}",
         "mode", "size", "op", "batch", "ops/s", "GB/s", "ratio", "p50 us", "p99 us", "errors"
