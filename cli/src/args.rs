@@ -134,8 +134,8 @@ pub struct BenchArgs {
     /// Requests in flight per client
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub depth: u32,
-    /// Run only the rows matching MODE/SIZE/OP (any part may be left out), e.g.
-    /// `remote/16MiB/get_into`, `local`, `/4KiB/`, `exists`
+    /// Run only the rows matching MODE/SIZE/OP (any part may be left out; several separated by
+    /// commas), e.g. `remote/16MiB/get_into`, `local`, `/4KiB/`, `exists,batch_exists`
     #[arg(long, value_name = "FILTER")]
     pub filter: Option<String>,
     /// Print one JSON object on stdout (the table and progress go to stderr)

@@ -672,14 +672,17 @@ async fn run_cell(clients: &[AsyncClient], env: Arc<Env>, cell: Cell) -> Row {
     }
 }
 
-/// Whether a row passes `--filter` (`mode/size/op` with any part omitted, e.g. `remote/16MiB/get_into`).
+/// Whether a row passes `--filter` (`mode/size/op` with any part omitted, e.g. `remote/16MiB/get_into`;
+/// several, separated by commas, pass a row matching any).
 pub fn matches_filter(filter: Option<&str>, mode: Mode, size: u64, op: Op) -> bool {
     let Some(f) = filter else { return true };
-    f.split('/').all(|part| {
-        part.is_empty()
-            || part == mode.name()
-            || part == op.name()
-            || regolith_proto::units::parse_size(part).is_ok_and(|s| s == size)
+    f.split(',').any(|one| {
+        one.split('/').all(|part| {
+            part.is_empty()
+                || part == mode.name()
+                || part == op.name()
+                || regolith_proto::units::parse_size(part).is_ok_and(|s| s == size)
+        })
     })
 }
 
@@ -827,5 +830,48 @@ fn print_table(r: &Report) {
             row.p99_us,
             row.errors
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_match_parts_and_alternatives() {
+        let m = |f: &str, mode, size, op| matches_filter(Some(f), mode, size, op);
+        assert!(matches_filter(None, Mode::Remote, 4096, Op::Get));
+        assert!(m(
+            "remote/16MiB/get_into",
+            Mode::Remote,
+            16 << 20,
+            Op::GetInto
+        ));
+        assert!(!m(
+            "remote/16MiB/get_into",
+            Mode::Local,
+            16 << 20,
+            Op::GetInto
+        ));
+        assert!(!m(
+            "remote/16MiB/get_into",
+            Mode::Remote,
+            32 << 20,
+            Op::GetInto
+        ));
+        assert!(m("/4KiB/", Mode::Local, 4096, Op::Exists));
+        assert!(m("local", Mode::Local, 1 << 20, Op::Put));
+        assert!(m("exists,remote/1MiB", Mode::Remote, 1 << 20, Op::Put));
+        assert!(m("exists,remote/1MiB", Mode::Local, 4096, Op::Exists));
+        assert!(!m("exists,remote/1MiB", Mode::Local, 1 << 20, Op::Put));
+    }
+
+    #[test]
+    fn the_ring_holds_every_call_in_flight_within_its_memory_cap() {
+        assert_eq!(ring_len(1, 1, 4096), 4);
+        assert_eq!(ring_len(4, 64, 4096), 512);
+        // 32 MiB values: 128 MiB at most, however deep the pipeline.
+        assert_eq!(ring_len(4, 4, 32 << 20), 4);
+        assert_eq!(ring_len(1, 4, 16 << 20), 8);
     }
 }

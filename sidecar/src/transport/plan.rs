@@ -111,16 +111,22 @@ pub fn pick_pair(
     given_up: &[bool],
     now: Instant,
     desperate: bool,
+    first: usize,
 ) -> Option<usize> {
+    let n = health.len().max(1);
+    // Ties go to the pair nearest `first` (in rotation): callers rotate it per transfer, so
+    // the dials of many one-slice transfers spread over every pair instead of all landing on
+    // pair 0 (where the pool, capped per pair, would drop them again at check-in).
+    let rank = |p: usize| (p + n - first % n) % n;
     let alive = (0..health.len()).filter(|&p| !given_up[p]);
     let healthy = alive
         .clone()
         .filter(|&p| health[p].usable(now))
-        .min_by_key(|&p| (lanes[p], p));
+        .min_by_key(|&p| (lanes[p], rank(p)));
     if healthy.is_some() || !desperate {
         return healthy;
     }
-    alive.min_by_key(|&p| (health[p].retry_at, p))
+    alive.min_by_key(|&p| (health[p].retry_at, rank(p)))
 }
 
 /// Why a transfer's schedule gave up.
@@ -262,15 +268,15 @@ mod tests {
         let mut h = vec![PairHealth::default(); 3];
         let lanes = [2, 1, 1];
         let none = [false; 3];
-        assert_eq!(pick_pair(&h, &lanes, &none, now, false), Some(1));
+        assert_eq!(pick_pair(&h, &lanes, &none, now, false, 0), Some(1));
         h[1].on_failure(now, b, c);
         assert!(h[1].usable(now), "first failure re-dials at once");
         h[1].on_failure(now, b, c);
         assert!(!h[1].usable(now));
         assert!(h[1].usable(now + b));
-        assert_eq!(pick_pair(&h, &lanes, &none, now, false), Some(2));
+        assert_eq!(pick_pair(&h, &lanes, &none, now, false, 0), Some(2));
         assert_eq!(
-            pick_pair(&h, &lanes, &[false, false, true], now, false),
+            pick_pair(&h, &lanes, &[false, false, true], now, false, 0),
             Some(0)
         );
         // All backed off: only a desperate transfer probes, the soonest first.
@@ -281,11 +287,26 @@ mod tests {
         for _ in 0..2 {
             all[1].on_failure(now, b, c);
         }
-        assert_eq!(pick_pair(&all, &[0, 0], &[false; 2], now, false), None);
-        assert_eq!(pick_pair(&all, &[0, 0], &[false; 2], now, true), Some(1));
-        assert_eq!(pick_pair(&all, &[0, 0], &[true; 2], now, true), None);
+        assert_eq!(pick_pair(&all, &[0, 0], &[false; 2], now, false, 0), None);
+        assert_eq!(pick_pair(&all, &[0, 0], &[false; 2], now, true, 0), Some(1));
+        assert_eq!(pick_pair(&all, &[0, 0], &[true; 2], now, true, 0), None);
         all[0].on_success();
         assert!(all[0].usable(now));
+    }
+
+    #[test]
+    fn ties_between_pairs_rotate_with_the_transfer() {
+        let now = Instant::now();
+        let fresh = vec![PairHealth::default(); 3];
+        let picks: Vec<_> = (0..4)
+            .map(|f| pick_pair(&fresh, &[0, 0, 0], &[false; 3], now, false, f))
+            .collect();
+        assert_eq!(picks, vec![Some(0), Some(1), Some(2), Some(0)]);
+        assert_eq!(
+            pick_pair(&fresh, &[1, 0, 1], &[false; 3], now, false, 2),
+            Some(1),
+            "the fewest lanes first, whatever the rotation"
+        );
     }
 
     #[test]

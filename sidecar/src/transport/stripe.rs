@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -142,6 +142,8 @@ struct PairState {
     lanes: Vec<usize>,
     failures: Vec<u32>,
     given_up: Vec<bool>,
+    /// The pair this transfer starts from (rotated per transfer).
+    first: usize,
 }
 
 /// The data-plane client: a pool of connections to every peer, and striped transfers.
@@ -150,6 +152,8 @@ pub struct DataClient<T: Transport> {
     cfg: StripeConfig,
     stats: Arc<TransportStats>,
     pools: Mutex<HashMap<u64, PeerPool<T::Conn>>>,
+    /// Rotates the NIC pair each transfer starts on (check-out and dials).
+    rotation: AtomicUsize,
 }
 
 impl<T: Transport> DataClient<T> {
@@ -160,6 +164,7 @@ impl<T: Transport> DataClient<T> {
             cfg,
             stats,
             pools: Mutex::new(HashMap::new()),
+            rotation: AtomicUsize::new(0),
         })
     }
 
@@ -322,9 +327,10 @@ impl<T: Transport> DataClient<T> {
             lanes: vec![0; pairs.len()],
             failures: vec![0; pairs.len()],
             given_up: vec![false; pairs.len()],
+            first: self.rotation.fetch_add(1, Relaxed),
             pairs,
         };
-        let mut idle = self.checkout(node, &mut ps.lanes, target);
+        let mut idle = self.checkout(node, &mut ps.lanes, target, ps.first);
         let mut inflight: FuturesUnordered<BoxFuture<'a, Event<'a, T::Conn>>> =
             FuturesUnordered::new();
         let mut last_err = String::from("no connection attempted");
@@ -437,7 +443,8 @@ impl<T: Transport> DataClient<T> {
         let now = Instant::now();
         while ps.lanes.iter().sum::<usize>() < target {
             let desperate = inflight.is_empty();
-            let Some(pair) = pick_pair(&health, &ps.lanes, &ps.given_up, now, desperate) else {
+            let Some(pair) = pick_pair(&health, &ps.lanes, &ps.given_up, now, desperate, ps.first)
+            else {
                 return;
             };
             ps.lanes[pair] += 1;
@@ -545,15 +552,25 @@ impl<T: Transport> DataClient<T> {
         (pool.pairs.clone(), pool.lanes.clone())
     }
 
-    /// Takes pooled connections for up to `target` lanes, spread over pairs round-robin.
-    fn checkout(&self, node: u64, lanes: &mut [usize], target: usize) -> Vec<(usize, T::Conn)> {
+    /// Takes pooled connections for up to `target` lanes, spread over pairs round-robin from
+    /// pair `first`.
+    fn checkout(
+        &self,
+        node: u64,
+        lanes: &mut [usize],
+        target: usize,
+        first: usize,
+    ) -> Vec<(usize, T::Conn)> {
         let mut out = Vec::new();
         let mut pools = self.pools.lock();
         let Some(pool) = pools.get_mut(&node) else {
             return out;
         };
+        let n = pool.idle.len().max(1);
         for _ in 0..self.cfg.conns_per_nic_pair {
-            for (pair, idle) in pool.idle.iter_mut().enumerate() {
+            for k in 0..pool.idle.len() {
+                let pair = (first + k) % n;
+                let idle = &mut pool.idle[pair];
                 if out.len() >= target {
                     return out;
                 }
