@@ -566,9 +566,11 @@ impl<T: Transport> DataClient<T> {
         let Some(pool) = pools.get_mut(&node) else {
             return out;
         };
-        let n = pool.idle.len().max(1);
+        // The pool may have been rebuilt for new addresses since `lanes` was sized.
+        let pairs = pool.idle.len().min(lanes.len());
+        let n = pairs.max(1);
         for _ in 0..self.cfg.conns_per_nic_pair {
-            for k in 0..pool.idle.len() {
+            for k in 0..pairs {
                 let pair = (first + k) % n;
                 let idle = &mut pool.idle[pair];
                 if out.len() >= target {
