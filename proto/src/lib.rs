@@ -16,11 +16,13 @@
 //! * [`fdpass`] — file descriptors over a Unix socket (SCM_RIGHTS).
 //! * [`dataplane`] — the sidecar-to-sidecar data-plane wire protocol (handshake, slices).
 //! * [`uds`] — the client-to-sidecar protocol: opcodes and messages (`proto/uds.proto`).
+//! * [`daemon`] — logging, runtime and signal handling shared by the daemons.
 //! * [`error`] — the crate's error enum.
 
 pub mod auth;
 pub mod checksum;
 pub mod client;
+pub mod daemon;
 pub mod dataplane;
 pub mod error;
 pub mod fdpass;

@@ -22,38 +22,19 @@ use crate::segment::{Segment, SegmentOptions};
 use crate::tracker::{Tracker, TrackerAdmission};
 use crate::transport::tcp::{ServerConfig, TcpConfig, TcpServer, TcpTransport};
 use crate::transport::{DataClient, StripeConfig, TransportStats};
+use regolith_proto::daemon;
 
+/// Logs on stderr; `-v` debug and `-vv` trace for the sidecar; `RUST_LOG` overrides.
 pub fn init_logging(verbose: u8, json: bool) {
-    let level = match verbose {
-        0 => "info",
-        1 => "info,regolith_sidecar=debug,regolith_proto=debug",
-        _ => "debug,regolith_sidecar=trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if json {
-        b.json().try_init()
-    } else {
-        b.try_init()
-    };
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-    }
+    daemon::init_logging(
+        &[
+            "info",
+            "info,regolith_sidecar=debug,regolith_proto=debug",
+            "debug,regolith_sidecar=trace",
+        ],
+        verbose,
+        json,
+    );
 }
 
 /// Starts everything and serves until `shutdown` fires.
@@ -227,11 +208,7 @@ pub fn main_with_args(argv: Vec<String>) -> ExitCode {
         }
     };
     init_logging(settings.verbose, settings.json_logs);
-    let mut b = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = settings.worker_threads {
-        b.worker_threads(n);
-    }
-    let rt = match b.enable_all().build() {
+    let rt = match daemon::runtime(settings.worker_threads) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("regolith-sidecar: cannot start the runtime: {e}");
@@ -241,7 +218,7 @@ pub fn main_with_args(argv: Vec<String>) -> ExitCode {
     let result = rt.block_on(async move {
         let (tx, rx) = watch::channel(false);
         tokio::spawn(async move {
-            wait_for_signal().await;
+            daemon::wait_for_signal().await;
             let _ = tx.send(true);
         });
         run(settings, rx).await

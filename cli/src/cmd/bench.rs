@@ -295,7 +295,7 @@ const RING_BYTES: u64 = 128 << 20;
 fn ring_len(depth: usize, batch: usize, size: u64) -> u64 {
     let wanted = (depth * batch * 2) as u64;
     let by_memory = (RING_BYTES / size.max(1)).max(4);
-    wanted.clamp(4, by_memory.max(4))
+    wanted.clamp(4, by_memory)
 }
 
 /// Whether a put landed where the mode says.
