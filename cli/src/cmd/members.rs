@@ -1,9 +1,7 @@
 //! `regolith members list|add|remove`: metad membership.
 
-use regolith_proto::metad::Member;
-
 use crate::args::{MembersArgs, MembersCommand};
-use crate::cmd::status::{self, MemberView};
+use crate::cmd::status;
 use crate::ctx::Ctx;
 use crate::error::{Error, Result};
 
@@ -28,25 +26,7 @@ pub fn run(ctx: &Ctx, args: &MembersArgs) -> Result<()> {
     let leader = metad.block_on(c.stats()).ok().map(|s| s.leader_id);
     print!(
         "{}",
-        status::members_table(&views(&members, leader)).render()
+        status::members_table(&status::member_views(&members, leader)).render()
     );
     Ok(())
-}
-
-fn views(members: &[Member], leader: Option<u64>) -> Vec<MemberView> {
-    members
-        .iter()
-        .map(|m| MemberView {
-            id: m.id,
-            addr: m.addr.clone(),
-            role: if Some(m.id) == leader {
-                "leader"
-            } else if m.voter {
-                "voter"
-            } else {
-                "learner"
-            },
-            voter: m.voter,
-        })
-        .collect()
 }

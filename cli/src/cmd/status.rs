@@ -2,7 +2,7 @@
 //! from the metad leader.
 
 use regolith_proto::client::MetadClient;
-use regolith_proto::metad::{SegmentInfo, SegmentState, StatsResponse};
+use regolith_proto::metad::{Member, SegmentInfo, SegmentState, StatsResponse};
 use serde::Serialize;
 
 use crate::args::StatusArgs;
@@ -70,15 +70,14 @@ pub async fn fetch(metad: &MetadClient) -> Result<Snapshot> {
     Ok(snapshot(stats, segments))
 }
 
-fn snapshot(stats: StatsResponse, segments: Vec<SegmentInfo>) -> Snapshot {
-    let leader_id = (stats.leader_id != 0).then_some(stats.leader_id);
-    let members: Vec<MemberView> = stats
-        .members
+/// The members as `status` and `members list` show them, with the leader's role named.
+pub fn member_views(members: &[Member], leader: Option<u64>) -> Vec<MemberView> {
+    members
         .iter()
         .map(|m| MemberView {
             id: m.id,
             addr: m.addr.clone(),
-            role: if Some(m.id) == leader_id {
+            role: if Some(m.id) == leader {
                 "leader"
             } else if m.voter {
                 "voter"
@@ -87,7 +86,12 @@ fn snapshot(stats: StatsResponse, segments: Vec<SegmentInfo>) -> Snapshot {
             },
             voter: m.voter,
         })
-        .collect();
+        .collect()
+}
+
+fn snapshot(stats: StatsResponse, segments: Vec<SegmentInfo>) -> Snapshot {
+    let leader_id = (stats.leader_id != 0).then_some(stats.leader_id);
+    let members = member_views(&stats.members, leader_id);
     let leader_addr = members
         .iter()
         .find(|m| Some(m.id) == leader_id)
