@@ -1,7 +1,7 @@
 //! Microbenchmarks of the free-range allocator (`metad/src/alloc.rs`), the data structure under
 //! both the state machine's free space and the leader's shadow allocator.
 //!
-//! * `range_alloc/churn/<F>_holes`: one `alloc` (first fit) and one `free` of a random live
+//! * `range_alloc/churn/<F>_holes`: one `alloc` (best fit) and one `free` of a random live
 //!   extent per iteration, in an allocator that starts with F live extents and F holes between
 //!   them (sizes spread over 4 KiB – 8 MiB, a large free tail after them; the churn settles at
 //!   about F/2 free ranges, printed after each run), next to the ceiling: one insert and one
