@@ -7,7 +7,6 @@
 //!   daemons' library entry points, so `cargo test -p regolith-e2e` builds what it runs.
 
 use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,11 +31,9 @@ pub fn value(key: &str, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// A free loopback port outside the ephemeral range (see `regolith_proto::ports`).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    regolith_proto::ports::free_loopback_port()
 }
 
 /// A minimal HTTP GET over a plain socket.

@@ -44,23 +44,29 @@ fn json(v: &serde_json::Value) -> Response<Body> {
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
 }
 
-/// Accepts connections on `addr` until shutdown, serving each with `handle`.
-async fn serve<F, Fut>(
-    addr: SocketAddr,
+/// Binds one of the HTTP listeners (`what` names it in the error).
+pub async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| Error::Io {
+        what: format!("{what} listen {addr}"),
+        source: e,
+    })
+}
+
+/// Accepts connections on `listener` until shutdown, serving each with `handle`.
+fn serve<F, Fut>(
+    listener: TcpListener,
     what: &'static str,
     mut shutdown: watch::Receiver<bool>,
     handle: F,
-) -> Result<JoinHandle<()>>
+) -> JoinHandle<()>
 where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
 {
-    let listener = TcpListener::bind(addr).await.map_err(|e| Error::Io {
-        what: format!("{what} listen {addr}"),
-        source: e,
-    })?;
-    tracing::info!(%addr, "{what} listening");
-    Ok(tokio::spawn(async move {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "{what} listening");
+    }
+    tokio::spawn(async move {
         loop {
             let (stream, _) = tokio::select! {
                 r = listener.accept() => match r {
@@ -84,19 +90,18 @@ where
                 }
             });
         }
-    }))
+    })
 }
 
-pub async fn serve_metrics(
+pub fn serve_metrics(
     node: Arc<Node>,
+    listener: TcpListener,
     shutdown: watch::Receiver<bool>,
-) -> Result<JoinHandle<()>> {
-    let addr = node.settings.metrics_addr;
-    serve(addr, "metrics", shutdown, move |req| {
+) -> JoinHandle<()> {
+    serve(listener, "metrics", shutdown, move |req| {
         let node = node.clone();
         async move { metrics_route(&node, req) }
     })
-    .await
 }
 
 fn metrics_route(node: &Node, req: Request<Incoming>) -> Response<Body> {
@@ -153,16 +158,15 @@ pub fn status_json(node: &Node) -> serde_json::Value {
     })
 }
 
-pub async fn serve_metadata_kv(
+pub fn serve_metadata_kv(
     node: Arc<Node>,
-    addr: SocketAddr,
+    listener: TcpListener,
     shutdown: watch::Receiver<bool>,
-) -> Result<JoinHandle<()>> {
-    serve(addr, "http metadata", shutdown, move |req| {
+) -> JoinHandle<()> {
+    serve(listener, "http metadata", shutdown, move |req| {
         let node = node.clone();
         async move { metadata_route(&node, req).await }
     })
-    .await
 }
 
 /// A client that follows the leader, seeded with this replica and every known member.

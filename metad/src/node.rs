@@ -35,6 +35,33 @@ const TICK: Duration = Duration::from_millis(100);
 /// Period of the one-line summary log.
 const SUMMARY_EVERY: Duration = Duration::from_secs(10);
 
+/// The sockets a replica serves on. They are bound first thing in [`Node::start`], before
+/// storage opens or Raft runs: a port already taken fails the start before this replica votes
+/// or bootstraps a cluster, and none of its own outgoing connections (Raft's, to its peers) can
+/// be handed one of its ports by the kernel in between.
+pub struct Listeners {
+    grpc: tokio::net::TcpListener,
+    metrics: tokio::net::TcpListener,
+    kv: Option<tokio::net::TcpListener>,
+}
+
+impl Listeners {
+    async fn bind(settings: &Settings) -> Result<Self> {
+        let grpc = tokio::net::TcpListener::bind(settings.listen)
+            .await
+            .map_err(|e| Error::Io {
+                what: format!("gRPC listen {}", settings.listen),
+                source: e,
+            })?;
+        let metrics = crate::http::bind(settings.metrics_addr, "metrics").await?;
+        let kv = match settings.http_metadata_addr {
+            Some(addr) => Some(crate::http::bind(addr, "http metadata").await?),
+            None => None,
+        };
+        Ok(Self { grpc, metrics, kv })
+    }
+}
+
 /// Shared state of one replica, handed to the services.
 pub struct Node {
     pub id: u64,
@@ -46,11 +73,14 @@ pub struct Node {
     pub metrics: Arc<Metrics>,
     pub clock: Clock,
     pub storage: Arc<StorageStats>,
+    /// Taken by [`Node::serve`].
+    listeners: Mutex<Option<Listeners>>,
 }
 
 impl Node {
     /// Opens storage and starts Raft (bootstrapping when asked and the data dir is empty).
     pub async fn start(settings: Settings) -> Result<Arc<Node>> {
+        let listeners = Listeners::bind(&settings).await?;
         let dir = settings.data_dir.clone();
         std::fs::create_dir_all(&dir).map_err(|e| Error::Io {
             what: format!("data dir {}", dir.display()),
@@ -138,6 +168,7 @@ impl Node {
             metrics,
             clock,
             storage,
+            listeners: Mutex::new(Some(listeners)),
         }))
     }
 
@@ -156,12 +187,10 @@ impl Node {
         // The token is checked before a request body is read.
         let metad = InterceptedService::new(metad, check.clone());
         let raft = InterceptedService::new(raft, check);
-        let listener = tokio::net::TcpListener::bind(self.settings.listen)
-            .await
-            .map_err(|e| Error::Io {
-                what: format!("gRPC listen {}", self.settings.listen),
-                source: e,
-            })?;
+        let Some(listeners) = self.listeners.lock().take() else {
+            return Err(Error::Config("this replica is already serving".into()));
+        };
+        let listener = listeners.grpc;
         tracing::info!(addr = %self.settings.listen, id = self.id, "gRPC listening");
         // tonic sets TCP_NODELAY only on sockets it accepts itself; these are ours. Without it,
         // Nagle's algorithm and delayed ACKs add ~40 ms to any reply larger than one segment.
@@ -183,13 +212,10 @@ impl Node {
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = sd.wait_for(|s| *s).await;
             });
-        let http = crate::http::serve_metrics(self.clone(), shutdown.clone()).await?;
-        let kv = match self.settings.http_metadata_addr {
-            Some(addr) => {
-                Some(crate::http::serve_metadata_kv(self.clone(), addr, shutdown.clone()).await?)
-            }
-            None => None,
-        };
+        let http = crate::http::serve_metrics(self.clone(), listeners.metrics, shutdown.clone());
+        let kv = listeners
+            .kv
+            .map(|l| crate::http::serve_metadata_kv(self.clone(), l, shutdown.clone()));
         tokio::spawn(self.clone().housekeeping(shutdown.clone()));
         tokio::spawn(self.clone().summary_log(shutdown.clone()));
         if let Err(e) = grpc.await {

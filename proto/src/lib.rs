@@ -17,6 +17,7 @@
 //! * [`dataplane`] — the sidecar-to-sidecar data-plane wire protocol (handshake, slices).
 //! * [`uds`] — the client-to-sidecar protocol: opcodes and messages (`proto/uds.proto`).
 //! * [`daemon`] — logging, runtime and signal handling shared by the daemons.
+//! * [`ports`] — free loopback ports outside the kernel's ephemeral range (harnesses, tools).
 //! * [`error`] — the crate's error enum.
 
 pub mod auth;
@@ -28,6 +29,7 @@ pub mod error;
 pub mod fdpass;
 pub mod frame;
 pub mod leader;
+pub mod ports;
 pub mod uds;
 pub mod units;
 

@@ -26,6 +26,17 @@ default_venv() {
 }
 venv="${REGOLITH_LMCACHE_VENV:-$(default_venv)}"
 
+# A fresh directory for pip's downloads: in /dev/shm when it has 5 GiB free, else under /tmp.
+download_dir() {
+  local shm_kb
+  shm_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print $4 }')
+  if [ -n "$shm_kb" ] && [ "$shm_kb" -ge $((5 * 1024 * 1024)) ]; then
+    mktemp -d /dev/shm/regolith-pip.XXXXXX
+  else
+    mktemp -d "${TMPDIR:-/tmp}/regolith-pip.XXXXXX"
+  fi
+}
+
 have_lmcache() {
   [ -f "$venv/.complete" ] || return 1
   "$venv/bin/python" - "$version" 2>/dev/null <<'PY'
@@ -41,9 +52,14 @@ else
   rm -rf "$venv"
   mkdir -p "$(dirname "$venv")"
   python3 -m venv "$venv"
+  # pip keeps every downloaded wheel (~3 GB) in $TMPDIR until the install ends, beside the
+  # 6 GB it installs: where /dev/shm has room, the downloads wait there rather than on disk.
+  pip_tmp=$(download_dir)
+  trap 'rm -rf "$pip_tmp"' EXIT
   # --no-cache-dir: the wheels are not kept a second time in pip's cache.
-  "$venv/bin/python" -m pip install -q --progress-bar off --no-cache-dir \
+  TMPDIR="$pip_tmp" "$venv/bin/python" -m pip install -q --progress-bar off --no-cache-dir \
     "lmcache==$version" pytest numpy
+  rm -rf "$pip_tmp"
   "$venv/bin/python" -c "import lmcache, torch"
   touch "$venv/.complete"
 fi

@@ -45,7 +45,36 @@ def find_binary(explicit: str = "") -> Path:
     )
 
 
+_next_port = 0
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _free_port() -> int:
+    """A loopback port that was free a moment ago, below the kernel's ephemeral range: a port
+    from ``bind(0)`` may be handed to any outgoing connection as its source port before the
+    sidecar binds it (as regolith_proto::ports does for the Rust harnesses)."""
+    global _next_port
+    # 10000..20000: above it, up to the ephemeral range, the tests reserve port blocks.
+    floor, top = 10000, min(_ephemeral_low(), 20000)
+    if top >= floor + 1000:
+        span = top - floor
+        start = (os.getpid() * 7919) % span
+        for _ in range(span):
+            port = floor + (start + _next_port) % span
+            _next_port += 1
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

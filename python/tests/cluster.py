@@ -113,9 +113,21 @@ def _ports_free(base: int) -> bool:
     return True
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _base_port() -> int:
+    # Below the ephemeral range: ports there are never a connection's source port, so none of
+    # the cluster's own connections can take one before its daemon binds it.
+    # (10000..20000 is where single free ports are picked, regolith._spawn.)
+    top = max(_ephemeral_low(), 20100) - 50
     for _ in range(50):
-        base = random.randrange(20000, 60000, 50)
+        base = random.randrange(20000, top, 50)
         if _ports_free(base):
             return base
     raise RuntimeError("no free block of 50 ports for regolith up")

@@ -62,10 +62,7 @@ impl Drop for Replica {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
+    regolith_proto::ports::free_loopback_port()
 }
 
 fn metad_binary() -> PathBuf {

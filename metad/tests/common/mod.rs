@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,13 +10,9 @@ use std::time::{Duration, Instant};
 use regolith_proto::client::{ClientConfig, MetadClient};
 use regolith_proto::metad as pb;
 
-/// A free loopback port (bound then released; good enough for tests).
+/// A free loopback port outside the ephemeral range (see `regolith_proto::ports`).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    regolith_proto::ports::free_loopback_port()
 }
 
 pub struct Replica {
