@@ -564,3 +564,45 @@ fn restarted_leader_serves_only_after_applying_its_whole_log() {
         });
     }
 }
+
+/// A replica whose port is taken stops before it touches its data dir or votes: the other
+/// replicas' cluster is not disturbed by a half-started member.
+#[test]
+fn replica_with_a_taken_port_exits_before_raft_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = held.local_addr().unwrap().to_string();
+    let data = tmp.path().join("metad-1");
+    for (flag, value) in [
+        ("--listen", taken.clone()),
+        ("--metrics-addr", taken.clone()),
+    ] {
+        let mut args = vec![
+            "--id".to_string(),
+            "1".into(),
+            "--data-dir".into(),
+            data.display().to_string(),
+            "--peers".into(),
+            "1=127.0.0.1:1".into(),
+            "--bootstrap".into(),
+        ];
+        if flag == "--metrics-addr" {
+            args.push("--listen".into());
+            args.push(format!("127.0.0.1:{}", common::free_port()));
+        }
+        args.push(flag.into());
+        args.push(value);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_regolith-metad"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag}: {stderr}");
+        assert!(
+            stderr.contains("Address already in use") && stderr.contains(&taken),
+            "{flag}: {stderr}"
+        );
+        assert!(!data.exists(), "{flag}: the data dir was created");
+    }
+    drop(held);
+}
