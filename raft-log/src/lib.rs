@@ -37,6 +37,7 @@ mod stats;
 pub use crate::config::{SledMode, StorageConfig};
 pub use crate::core::StateMachineCore;
 pub use crate::error::{Error, Result};
+pub use crate::flusher::FlusherPause;
 pub use crate::log_store::{SledLogStore, LOG_LAYOUT_VERSION};
 pub use crate::snapshot::SNAPSHOT_FORMAT_VERSION;
 pub use crate::state_machine::{AppliedHandle, SledSnapshotBuilder, SledStateMachine};

@@ -45,7 +45,7 @@ use serde::Serialize;
 
 use crate::config::StorageConfig;
 use crate::error::{Error, Result};
-use crate::flusher::Flusher;
+use crate::flusher::{Flusher, FlusherPause};
 use crate::stats::StorageStats;
 
 /// Name of the sled database directory inside the data directory.
@@ -136,6 +136,13 @@ impl<C> SledLogStore<C> {
     /// Waits until everything written so far is on disk.
     pub async fn flush(&self) -> Result<()> {
         self.shared.flusher.flush().await
+    }
+
+    /// Holds the group-commit flusher until the pause is dropped; appends made meanwhile are
+    /// written but not acknowledged, and then share one fsync. For tests that check group
+    /// commit without depending on how fast the disk is.
+    pub async fn pause_flusher(&self) -> Result<FlusherPause> {
+        self.shared.flusher.pause().await
     }
 }
 
