@@ -63,7 +63,10 @@ mod tests {
         for p in &ports {
             assert!(*p != 0);
             if top >= FLOOR + MIN_SPAN {
-                assert!(u32::from(*p) >= FLOOR && u32::from(*p) < top, "{p} vs {top}");
+                assert!(
+                    u32::from(*p) >= FLOOR && u32::from(*p) < top,
+                    "{p} vs {top}"
+                );
             }
         }
         let mut uniq = ports.clone();

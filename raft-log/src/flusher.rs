@@ -162,7 +162,9 @@ mod tests {
             .unwrap();
         let stats = Arc::new(StorageStats::default());
         let flusher = Flusher::start(db.clone(), dir.path(), stats.clone()).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         let pause = rt.block_on(flusher.pause()).unwrap();
         let before = stats.fsyncs();
 
@@ -177,12 +179,20 @@ mod tests {
                 }))
                 .unwrap();
         }
-        assert_eq!(done.load(Ordering::SeqCst), 0, "completed while the flusher was held");
+        assert_eq!(
+            done.load(Ordering::SeqCst),
+            0,
+            "completed while the flusher was held"
+        );
         drop(pause);
         drop(flusher); // drains the queue and joins the thread
 
         assert_eq!(done.load(Ordering::SeqCst), 200);
         assert_eq!(stats.durable_callbacks(), 201, "200 waiters and the pause");
-        assert_eq!(stats.fsyncs() - before, 1, "the 200 queued waiters share one flush");
+        assert_eq!(
+            stats.fsyncs() - before,
+            1,
+            "the 200 queued waiters share one flush"
+        );
     }
 }

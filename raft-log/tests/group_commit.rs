@@ -29,8 +29,15 @@ async fn back_to_back_appends_share_fsyncs() {
         }
     });
     let mut all = Box::pin(futures::future::join_all(appends));
-    assert!(futures::poll!(&mut all).is_pending(), "acknowledged while the flusher was held");
-    assert_eq!(stats.append_batches(), APPENDS, "every append written before any fsync");
+    assert!(
+        futures::poll!(&mut all).is_pending(),
+        "acknowledged while the flusher was held"
+    );
+    assert_eq!(
+        stats.append_batches(),
+        APPENDS,
+        "every append written before any fsync"
+    );
     assert_eq!(
         stats.durable_callbacks() - callbacks_before,
         1,
