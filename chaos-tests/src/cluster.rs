@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::history::History;
 use crate::netns::{self, Host, NsRuntime, Topology};
 use crate::status::{self, Sample, SampleResult, Status};
+use crate::workload::HostCtx;
 
 pub const GRPC_PORT: u16 = 50051;
 pub const METRICS_PORT: u16 = 9003;
@@ -313,6 +314,18 @@ impl Cluster {
     /// which the client skips), for workload clients.
     pub fn metad_addrs(&self) -> Vec<String> {
         self.hosts.iter().map(grpc_addr).collect()
+    }
+
+    /// What a workload needs to set up sidecar host `host` of `topo` against this cluster.
+    pub fn host_ctx(&self, host: &Host, topo: &Topology, history: &History) -> HostCtx {
+        HostCtx {
+            host: host.clone(),
+            metad_addrs: self.metad_addrs(),
+            token: self.token().to_string(),
+            token_file: self.token_file().to_path_buf(),
+            run_dir: topo.dir.clone(),
+            history: history.clone(),
+        }
     }
 
     /// Every metad host.

@@ -13,7 +13,7 @@ use crate::nemesis::{FaultCtx, Nemesis};
 use crate::netns::{self, Host, NsRuntime, Topology};
 use crate::schedule::Step;
 use crate::status::{self, SampleResult};
-use crate::workload::{self, HostCtx, Running, Workload, WorkloadConfig};
+use crate::workload::{self, Running, Workload, WorkloadConfig};
 
 /// Settings of a run.
 #[derive(Clone, Debug)]
@@ -123,14 +123,7 @@ impl<W: Workload> Harness<W> {
         let mut hosts = Vec::new();
         for host in topo.hosts.values().filter(|h| h.name.starts_with('s')) {
             let rt = Arc::new(NsRuntime::new(&host.ns, 1)?);
-            let ctx = HostCtx {
-                host: host.clone(),
-                metad_addrs: cluster.metad_addrs(),
-                token: cluster.token().to_string(),
-                token_file: cluster.token_file().to_path_buf(),
-                run_dir: topo.dir.clone(),
-                history: history.clone(),
-            };
+            let ctx = cluster.host_ctx(host, &topo, &history);
             let w = workload.clone();
             rt.run(async move { w.start_host(ctx).await })?;
             hosts.push((host.clone(), rt));

@@ -1,10 +1,13 @@
 //! The quick chaos profile and the mechanism tests of the faults (run as root; they fail,
 //! never skip, where root or iproute2/nftables are missing).
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{init_logs, METAD, SIDECAR};
 use regolith_chaos::cluster::{Cluster, MetadLaunch};
 use regolith_chaos::firewall::{self, Rule};
 use regolith_chaos::history::History;
@@ -16,19 +19,7 @@ use regolith_chaos::schedule;
 use regolith_chaos::sidecars::{SidecarConfig, SidecarLaunch, SidecarWorkload};
 use regolith_proto::client::{ClientConfig, MetadClient};
 
-const METAD: &str = env!("CARGO_BIN_EXE_chaos-metad");
-const SIDECAR: &str = env!("CARGO_BIN_EXE_chaos-sidecar");
 const CHAOS: &str = env!("CARGO_BIN_EXE_regolith-chaos");
-
-fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,regolith_chaos=info")),
-        )
-        .with_test_writer()
-        .try_init();
-}
 
 fn seed() -> u64 {
     std::env::var("REGOLITH_CHAOS_SEED")

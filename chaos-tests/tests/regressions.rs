@@ -7,30 +7,20 @@
 //! the metad leader's replies to one sidecar host are dropped (a one-way partition), while the
 //! leader still hears that host and commits what it asks.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{init_logs, METAD, SIDECAR};
 use regolith_chaos::cluster::{Cluster, MetadLaunch};
 use regolith_chaos::firewall::{self, Rule};
 use regolith_chaos::history::History;
 use regolith_chaos::netns::{self, Host, NsRuntime, Topology};
 use regolith_chaos::sidecars::{SidecarConfig, SidecarLaunch, SidecarWorkload};
 use regolith_chaos::value;
-use regolith_chaos::workload::{HostCtx, Workload};
+use regolith_chaos::workload::Workload;
 use regolith_client::{pb::Code, AsyncClient, ClientConfig, Error, ReplicateConfig};
-
-const METAD: &str = env!("CARGO_BIN_EXE_chaos-metad");
-const SIDECAR: &str = env!("CARGO_BIN_EXE_chaos-sidecar");
-
-fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,regolith_chaos=info")),
-        )
-        .with_test_writer()
-        .try_init();
-}
 
 /// Three metad replicas and sidecars on `s1` (its data ports behind proxies) and `s2`. Fields
 /// drop in order: sidecars, runtimes, metad, then the namespaces.
@@ -55,14 +45,7 @@ impl Rig {
         for name in ["s1", "s2"] {
             let host = topo.host(name).unwrap().clone();
             let rt = Arc::new(NsRuntime::new(&host.ns, 2).unwrap());
-            let ctx = HostCtx {
-                host: host.clone(),
-                metad_addrs: cluster.metad_addrs(),
-                token: cluster.token().to_string(),
-                token_file: cluster.token_file().to_path_buf(),
-                run_dir: topo.dir.clone(),
-                history: history.clone(),
-            };
+            let ctx = cluster.host_ctx(&host, &topo, &history);
             let w = workload.clone();
             rt.run(async move { w.start_host(ctx).await }).unwrap();
             runtimes.push((host, rt));

@@ -105,6 +105,28 @@ fn run<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T> + Send) -> PyResul
     py.detach(f).map_err(|e| e.into_pyerr(py))
 }
 
+/// Runs a per-key batch call with the GIL released (`call` gets the keys as `&str`); the list
+/// of per-key outcomes, as [`outcomes`] makes it.
+fn batch_outcomes<T: Send, E: Send>(
+    py: Python<'_>,
+    keys: Vec<String>,
+    call: impl FnOnce(&[&str]) -> Result<Vec<std::result::Result<T, E>>> + Send,
+    ok: impl Fn(Python<'_>, T) -> PyResult<Py<PyAny>>,
+) -> PyResult<Py<PyList>>
+where
+    Error: From<E>,
+{
+    let res = run(py, move || {
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        call(&refs)
+    })?;
+    outcomes(
+        py,
+        res.into_iter().map(|r| r.map_err(Error::from)).collect(),
+        ok,
+    )
+}
+
 /// A Python list of per-item outcomes: `ok(value)` for a success, the exception for a failure.
 fn outcomes<T>(
     py: Python<'_>,
@@ -551,12 +573,7 @@ impl PyClient {
     /// Per key, the size or the exception.
     fn batch_get_size(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Py<PyList>> {
         let c = self.client()?;
-        let res = run(py, move || {
-            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-            Ok(c.batch_get_size(&refs)?)
-        })?;
-        let res = res.into_iter().map(|r| r.map_err(Error::from)).collect();
-        outcomes(py, res, int)
+        batch_outcomes(py, keys, move |refs| Ok(c.batch_get_size(refs)?), int)
     }
 
     fn remove(&self, py: Python<'_>, key: &str) -> PyResult<()> {
@@ -567,12 +584,7 @@ impl PyClient {
     /// Per key, None or the exception.
     fn batch_remove(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Py<PyList>> {
         let c = self.client()?;
-        let res = run(py, move || {
-            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-            Ok(c.batch_remove(&refs)?)
-        })?;
-        let res = res.into_iter().map(|r| r.map_err(Error::from)).collect();
-        outcomes(py, res, none)
+        batch_outcomes(py, keys, move |refs| Ok(c.batch_remove(refs)?), none)
     }
 
     /// Removes every object; returns how many were removed.

@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -79,6 +80,17 @@ class Cluster:
         env = dict(os.environ)
         env["REGOLITH_SOCKET"] = self.socket(i)
         return env
+
+    def run_python(self, script: str, i: int = 0) -> list[str]:
+        """Runs `script` in a fresh Python process that uses sidecar `i`; its stdout, split."""
+        return subprocess.run(
+            [sys.executable, "-c", script],
+            env=self.env(i),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
 
     def logs(self) -> str:
         parts = [f"----- regolith up -----\n{_tail(self.log)}"]

@@ -6,8 +6,6 @@ import ctypes
 import hashlib
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -419,13 +417,6 @@ def test_two_processes_share_the_cache(cluster, client, key):
         c.put({k_child!r}, b"from the child " + data[:10])
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        env=cluster.env(1),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.split()
+    out = cluster.run_python(script, 1)
     assert out == ["100000", hashlib.sha256(pattern(100_000, seed=11)).hexdigest()]
     assert client.get(k_child) == b"from the child " + pattern(100_000, seed=11)[:10]

@@ -5,8 +5,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -30,20 +28,22 @@ SEED = {
 }
 
 
-@pytest.fixture
-def store(cluster):
+def _store_on(cluster, i: int):
+    """A store set up with the seed's config on sidecar `i`, closed after the test."""
     s = mc.MooncakeDistributedStore()
-    assert s.setup(dict(SEED, sidecar_socket=cluster.socket(0))) == 0
+    assert s.setup(dict(SEED, sidecar_socket=cluster.socket(i))) == 0
     yield s
     s.close()
+
+
+@pytest.fixture
+def store(cluster):
+    yield from _store_on(cluster, 0)
 
 
 @pytest.fixture
 def store_b(cluster):
-    s = mc.MooncakeDistributedStore()
-    assert s.setup(dict(SEED, sidecar_socket=cluster.socket(1))) == 0
-    yield s
-    s.close()
+    yield from _store_on(cluster, 1)
 
 
 # ---------------------------------------------------------------- setup
@@ -317,14 +317,7 @@ def test_two_processes_through_the_mooncake_api(cluster, store, key):
         s.close()
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        env=cluster.env(1),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.split()
+    out = cluster.run_python(script, 1)
     assert out == ["0", "node-1"]
     got = store.get(k)
     assert hashlib.sha256(got).digest() == hashlib.sha256(b"written by the child" * 1000).digest()
