@@ -78,11 +78,11 @@ impl ReplicateConfig {
             preferred_segments: self.preferred_segments.clone(),
             prefer_local: self.prefer_local,
             pin: if self.hard_pin {
-                pb::Pin::Hard as i32
+                pb::PinKind::PinHard as i32
             } else if self.soft_pin {
-                pb::Pin::Soft as i32
+                pb::PinKind::PinSoft as i32
             } else {
-                pb::Pin::None as i32
+                pb::PinKind::PinNone as i32
             },
             soft_pin_ttl_ms: self.soft_pin_ttl.map(|d| d.as_millis() as u64).unwrap_or(0),
             ttl_ms: self.ttl.map(|d| d.as_millis() as u64).unwrap_or(0),

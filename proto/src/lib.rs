@@ -4,6 +4,7 @@
 //! talk to metad without linking the server.
 //!
 //! Modules:
+//! * [`common`] — generated code of the messages both services share (`proto/common.proto`).
 //! * [`metad`] — generated gRPC code of the metadata API (`proto/metad.proto`).
 //! * [`raft`] — generated gRPC code of the Raft RPCs between replicas (`proto/raft.proto`).
 //! * [`checksum`] — the object checksum: xxh3-64 per 64 KiB chunk, seeded with the version.
@@ -33,10 +34,17 @@ pub mod ports;
 pub mod uds;
 pub mod units;
 
-/// Generated code of `proto/metad.proto`.
+/// Generated code of `proto/common.proto`: the messages both services share.
+pub mod common {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/regolith.common.v1.rs"));
+}
+
+/// Generated code of `proto/metad.proto`; the shared messages are re-exported under their names.
 pub mod metad {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("regolith.metad.v1");
+    pub use crate::common::{Extent, PinKind, PutOptions, Version};
 }
 
 /// Generated code of `proto/raft.proto`.

@@ -26,6 +26,7 @@
 pub mod pb {
     #![allow(clippy::all, missing_docs)]
     include!(concat!(env!("OUT_DIR"), "/regolith.uds.v1.rs"));
+    pub use crate::common::{Extent, PinKind, PutOptions, Version};
 }
 
 /// Version negotiated by `HELLO`: both ends speak `min(client, sidecar)`; a sidecar refuses

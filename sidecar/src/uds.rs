@@ -510,20 +510,9 @@ fn commit_err(e: &regolith_proto::Error) -> pb::Status {
     }
 }
 
+/// The put's options as metad takes them (one message, `common.proto`, serves both protocols).
 fn options(o: Option<pb::PutOptions>) -> mpb::PutOptions {
-    let o = o.unwrap_or_default();
-    mpb::PutOptions {
-        replicas: o.replicas,
-        preferred_segments: o.preferred_segments,
-        prefer_local: o.prefer_local,
-        pin: match pb::Pin::try_from(o.pin).unwrap_or(pb::Pin::None) {
-            pb::Pin::None => mpb::PinKind::PinNone as i32,
-            pb::Pin::Soft => mpb::PinKind::PinSoft as i32,
-            pb::Pin::Hard => mpb::PinKind::PinHard as i32,
-        },
-        soft_pin_ttl_ms: o.soft_pin_ttl_ms,
-        ttl_ms: o.ttl_ms,
-    }
+    o.unwrap_or_default()
 }
 
 fn replica_infos(side: &Sidecar, reps: &[mpb::Replica]) -> Vec<pb::ReplicaInfo> {
