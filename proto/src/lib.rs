@@ -38,6 +38,13 @@ pub mod units;
 pub mod common {
     #![allow(clippy::all, missing_docs)]
     include!(concat!(env!("OUT_DIR"), "/regolith.common.v1.rs"));
+
+    impl Version {
+        /// The checksum seed of the object this reservation writes.
+        pub fn seed(&self) -> u64 {
+            crate::checksum::seed(self.term, self.id)
+        }
+    }
 }
 
 /// Generated code of `proto/metad.proto`; the shared messages are re-exported under their names.

@@ -30,18 +30,18 @@ pub fn status_json(side: &Sidecar) -> serde_json::Value {
     serde_json::json!({
         "node_name": side.settings.node_name,
         "node_id": side.node_id(),
-        "generation": side.tracker.generation(),
-        "segment_size": side.segment.len(),
+        "generation": side.store.tracker.generation(),
+        "segment_size": side.store.segment.len(),
         "segment_used": side.segment_used.load(Ordering::Relaxed),
         "clients": side.clients.load(Ordering::Relaxed),
         "data_addrs": side.data_addrs,
         "socket": side.settings.socket.display().to_string(),
         "metad_term": term,
         "metad_leader": leader,
-        "highest_term_seen": side.tracker.highest_term(),
+        "highest_term_seen": side.store.tracker.highest_term(),
         "instance_id": side.instance_id,
-        "puts": side.puts.load(Ordering::Relaxed),
-        "gets": side.gets.load(Ordering::Relaxed),
+        "puts": side.store.puts.load(Ordering::Relaxed),
+        "gets": side.store.gets.load(Ordering::Relaxed),
         "checksum_mismatches": side.metrics.checksum_mismatches.get(),
     })
 }

@@ -10,8 +10,11 @@
 //!   [`transport::tcp`], the TCP implementation (server and client).
 //! * [`tracker`] — reservations in flight on this segment: admission, heartbeat reports,
 //!   fencing and release of quarantined ones.
-//! * [`node`] — the running sidecar: identity, mount, heartbeats, remote transfers.
-//! * [`uds`] — the UDS server: hello with memfds, puts, gets, key operations.
+//! * [`ops`] — what local clients ask for, one file per family (puts, gets, keys), on domain
+//!   types, with metad behind [`ops::MetadApi`] and the replicas' I/O in [`ops::replica`].
+//! * [`node`] — the running sidecar: identity, mount, heartbeats, drain, unmount.
+//! * [`uds`] — the UDS server: socket, sessions, hello with memfds, and the translation of
+//!   requests and replies to and from [`ops`].
 //! * [`http`] — `/metrics`, `/health`, `/ready`, `/status`; [`metrics`] — the Prometheus set.
 //! * [`args`] — flags, TOML, environment; [`state_file`] — the node's persistent identity.
 //! * [`run`] — the process entry point.
@@ -26,6 +29,7 @@ pub mod http;
 pub mod mem;
 pub mod metrics;
 pub mod node;
+pub mod ops;
 pub mod run;
 pub mod segment;
 pub mod state_file;

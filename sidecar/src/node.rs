@@ -1,37 +1,33 @@
-//! The running sidecar: identity, segment, metad link (mount, heartbeats, remount), and the
-//! transfers it runs for its local clients (writes to remote replicas, reads from them).
+//! The running sidecar: identity, the segment's life with metad (mount, heartbeats, remount,
+//! drain, unmount). What it does for its local clients is in [`crate::ops`].
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use regolith_proto::checksum;
 use regolith_proto::client::{ClientConfig, MetadClient};
 use regolith_proto::metad as mpb;
 
 use crate::args::Settings;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::segment::Segment;
+use crate::ops::Store;
 use crate::state_file::{self, NodeState};
-use crate::tracker::Tracker;
-use crate::transport::tcp::TcpTransport;
-use crate::transport::{DataClient, PeerAddrs, RemoteRange, TransportStats, Version};
+use crate::transport::TransportStats;
 
 /// Heartbeat period (and the cap of the retry back-off).
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
 
 pub struct Sidecar {
     pub settings: Settings,
-    pub node_id: AtomicU64,
-    pub segment: Arc<Segment>,
-    pub tracker: Arc<Tracker>,
+    /// What the local clients' operations work on (segment, reservations in flight, data
+    /// plane, metad behind its trait).
+    pub store: Arc<Store>,
+    /// The segment's life with metad: mount, usage, drain, unmount.
     pub metad: MetadClient,
     /// Short attempts: a heartbeat that waits long on a dead leader misses the node TTL.
     pub hb_client: MetadClient,
-    pub data: DataClient<TcpTransport>,
     pub transport_stats: Arc<TransportStats>,
     pub metrics: Arc<Metrics>,
     pub instance_id: u64,
@@ -42,8 +38,6 @@ pub struct Sidecar {
     pub clients: AtomicU64,
     pub next_conn: AtomicU64,
     pub shutting_down: AtomicBool,
-    pub puts: AtomicU64,
-    pub gets: AtomicU64,
     /// The segment was drained and unmounted gracefully: stays so until restart.
     pub retired: AtomicBool,
     /// The data-plane server (none on a consumer-only node); taken at shutdown.
@@ -113,164 +107,19 @@ pub fn save_identity(settings: &Settings, node_id: u64) -> Result<()> {
     )
 }
 
-fn peer_of(rep: &mpb::Replica) -> Result<PeerAddrs> {
-    let addrs: Vec<SocketAddr> = rep
-        .data_addrs
-        .iter()
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    if addrs.is_empty() {
-        return Err(Error::InvalidArgument(format!(
-            "node {} ({}) has no usable data-plane address",
-            rep.node_name, rep.node_id
-        )));
-    }
-    Ok(PeerAddrs {
-        node_id: rep.node_id,
-        addrs,
-    })
-}
-
-/// Pieces of an object range split at the boundaries of the source and destination extents:
-/// (object offset, source offset, destination offset, length). Extents list `(offset, len)` in
-/// object order; only the first `size` bytes count.
-pub fn pieces(src: &[(u64, u64)], dst: &[(u64, u64)], size: u64) -> Vec<(u64, u64, u64, u64)> {
-    let mut out = Vec::new();
-    let (mut si, mut di) = (0usize, 0usize);
-    let (mut s_used, mut d_used) = (0u64, 0u64);
-    let mut obj = 0u64;
-    while obj < size && si < src.len() && di < dst.len() {
-        let s_left = src[si].1 - s_used;
-        let d_left = dst[di].1 - d_used;
-        let n = s_left.min(d_left).min(size - obj);
-        if n == 0 {
-            if s_left == 0 {
-                si += 1;
-                s_used = 0;
-            }
-            if d_left == 0 {
-                di += 1;
-                d_used = 0;
-            }
-            continue;
-        }
-        out.push((obj, src[si].0 + s_used, dst[di].0 + d_used, n));
-        obj += n;
-        s_used += n;
-        d_used += n;
-    }
-    out
-}
-
-/// Where the bytes of a put come from.
-pub enum PutSource<'a> {
-    /// Extents of a mapped memfd (the segment, staging, a registered buffer).
-    Mapped {
-        seg: &'a Segment,
-        extents: Vec<(u64, u64)>,
-    },
-    Inline(&'a [u8]),
-}
-
 impl Sidecar {
     pub fn node_id(&self) -> u64 {
-        self.node_id.load(Ordering::Acquire)
-    }
-
-    /// Whether a replica is this node's current segment.
-    pub fn is_local(&self, rep: &mpb::Replica) -> bool {
-        rep.node_id == self.node_id()
-            && rep.generation == self.tracker.generation()
-            && !self.segment.is_empty()
-    }
-
-    /// Writes the object to one remote replica; fills `hashes` (one per checksum chunk).
-    pub async fn write_replica(
-        &self,
-        rep: &mpb::Replica,
-        version: Version,
-        size: u64,
-        src: &PutSource<'_>,
-        hashes: &mut [u64],
-    ) -> Result<()> {
-        let peer = peer_of(rep)?;
-        let dst: Vec<(u64, u64)> = rep.extents.iter().map(|e| (e.offset, e.len)).collect();
-        let src_ext = match src {
-            PutSource::Mapped { extents, .. } => extents.clone(),
-            PutSource::Inline(b) => vec![(0, b.len() as u64)],
-        };
-        for (obj, s_off, d_off, len) in pieces(&src_ext, &dst, size) {
-            let bytes: &[u8] = match src {
-                // SAFETY: `slice` bounds-checks the range against the mapping, which the caller
-                // keeps alive for this call; the bytes are only read (sent).
-                PutSource::Mapped { seg, .. } => unsafe { seg.slice(s_off, len)? },
-                PutSource::Inline(b) => &b[s_off as usize..(s_off + len) as usize],
-            };
-            let first = (obj / checksum::CHUNK as u64) as usize;
-            let range = RemoteRange {
-                generation: rep.generation,
-                offset: d_off,
-                len,
-            };
-            self.data
-                .write(&peer, range, version, bytes, &mut hashes[first..])
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// Reads the object from one replica into `dst` (exactly `size` bytes), filling `hashes`.
-    pub async fn read_replica(
-        &self,
-        rep: &mpb::Replica,
-        version: Version,
-        dst: &mut [u8],
-        hashes: &mut [u64],
-    ) -> Result<()> {
-        let size = dst.len() as u64;
-        let ext: Vec<(u64, u64)> = rep.extents.iter().map(|e| (e.offset, e.len)).collect();
-        if self.is_local(rep) {
-            for (obj, s_off, _, len) in pieces(&ext, &[(0, size)], size) {
-                // SAFETY: bounds-checked view of our own segment, read once into private memory.
-                let src = unsafe { self.segment.slice(s_off, len)? };
-                let first = (obj / checksum::CHUNK as u64) as usize;
-                checksum::copy_and_hash(
-                    version.seed(),
-                    &mut dst[obj as usize..(obj + len) as usize],
-                    src,
-                    &mut hashes[first..],
-                );
-            }
-            return Ok(());
-        }
-        let peer = peer_of(rep)?;
-        for (obj, s_off, _, len) in pieces(&ext, &[(0, size)], size) {
-            let first = (obj / checksum::CHUNK as u64) as usize;
-            let range = RemoteRange {
-                generation: rep.generation,
-                offset: s_off,
-                len,
-            };
-            self.data
-                .read(
-                    &peer,
-                    range,
-                    version,
-                    &mut dst[obj as usize..(obj + len) as usize],
-                    &mut hashes[first..],
-                )
-                .await?;
-        }
-        Ok(())
+        self.store.node_id()
     }
 
     /// One heartbeat; returns whether it was answered.
     pub async fn heartbeat_once(self: &Arc<Self>) -> bool {
         let req = mpb::HeartbeatRequest {
             node_id: self.node_id(),
-            generation: self.tracker.generation(),
-            highest_term_seen: self.tracker.highest_term(),
+            generation: self.store.tracker.generation(),
+            highest_term_seen: self.store.tracker.highest_term(),
             in_flight: self
+                .store
                 .tracker
                 .in_flight()
                 .into_iter()
@@ -283,6 +132,7 @@ impl Sidecar {
                 })
                 .collect(),
             released: self
+                .store
                 .tracker
                 .released()
                 .into_iter()
@@ -298,15 +148,15 @@ impl Sidecar {
                 return false;
             }
         };
-        self.tracker.observe_term(reply.term);
+        self.store.tracker.observe_term(reply.term);
         self.metrics
             .metad_term
-            .set(self.tracker.highest_term() as i64);
+            .set(self.store.tracker.highest_term() as i64);
         *self.leader.lock() = (reply.term, reply.leader_id);
         if reply.unmounted {
             if !self.retired.swap(true, Ordering::AcqRel) {
                 tracing::warn!(
-                    generation = self.tracker.generation(),
+                    generation = self.store.tracker.generation(),
                     "this segment was drained and unmounted: it takes no more data; local clients are served as by a consumer-only node until restart"
                 );
             }
@@ -317,7 +167,7 @@ impl Sidecar {
             return true;
         }
         let q: Vec<(u64, u64)> = reply.quarantined.iter().map(|v| (v.term, v.id)).collect();
-        let released = self.tracker.quarantined(&q);
+        let released = self.store.tracker.quarantined(&q);
         if !released.is_empty() {
             tracing::debug!(
                 count = released.len(),
@@ -331,22 +181,22 @@ impl Sidecar {
     /// Everything the old generation held is gone from metad's view.
     async fn remount(self: &Arc<Self>) {
         tracing::warn!(
-            generation = self.tracker.generation(),
+            generation = self.store.tracker.generation(),
             "metad does not know this segment generation: mounting a new one"
         );
         match mount(
             &self.metad,
             &self.settings,
             self.node_id(),
-            self.segment.len(),
+            self.store.segment.len(),
             &self.data_addrs,
         )
         .await
         {
             Ok((node, generation, term)) => {
-                self.node_id.store(node, Ordering::Release);
-                self.tracker.set_generation(generation);
-                self.tracker.observe_term(term);
+                self.store.set_node_id(node);
+                self.store.tracker.set_generation(generation);
+                self.store.tracker.observe_term(term);
                 self.metrics.generation.set(generation as i64);
                 self.metrics.remounts.inc();
                 tracing::info!(node, generation, "segment mounted again");
@@ -380,10 +230,9 @@ impl Sidecar {
 
     async fn refresh_usage(&self) {
         if let Ok(segs) = self.metad.list_segments().await {
-            if let Some(s) = segs
-                .iter()
-                .find(|s| s.node_id == self.node_id() && s.generation == self.tracker.generation())
-            {
+            if let Some(s) = segs.iter().find(|s| {
+                s.node_id == self.node_id() && s.generation == self.store.tracker.generation()
+            }) {
                 self.segment_used.store(s.used, Ordering::Relaxed);
                 self.metrics.segment_used_bytes.set(s.used as i64);
             }
@@ -392,7 +241,7 @@ impl Sidecar {
 
     /// Drain (when asked) and unmount gracefully.
     pub async fn leave(&self) {
-        if self.settings.drain_on_exit && !self.segment.is_empty() {
+        if self.settings.drain_on_exit && !self.store.segment.is_empty() {
             tracing::info!(timeout = ?self.settings.drain_timeout, "draining before exit");
             match self
                 .metad
@@ -419,7 +268,7 @@ impl Sidecar {
         }
         let req = mpb::UnmountSegmentRequest {
             node_id: self.node_id(),
-            generation: self.tracker.generation(),
+            generation: self.store.tracker.generation(),
         };
         match tokio::time::timeout(Duration::from_secs(5), self.metad.unmount(req)).await {
             Ok(Ok(r)) => tracing::info!(dropped = r.dropped_objects, "segment unmounted"),
@@ -428,25 +277,5 @@ impl Sidecar {
             }
             Err(_) => tracing::warn!("unmount timed out (metad will declare the node dead)"),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pieces_split_at_both_boundaries() {
-        let src = [(1000, 100), (5000, 50)];
-        let dst = [(0, 60), (200, 90)];
-        assert_eq!(
-            pieces(&src, &dst, 150),
-            vec![(0, 1000, 0, 60), (60, 1060, 200, 40), (100, 5000, 240, 50)]
-        );
-        assert_eq!(
-            pieces(&[(0, 1 << 20)], &[(64, 1 << 20)], 10),
-            vec![(0, 0, 64, 10)]
-        );
-        assert_eq!(pieces(&[(0, 10)], &[(0, 10)], 0), vec![]);
     }
 }

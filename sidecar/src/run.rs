@@ -18,6 +18,7 @@ use crate::args::{normalize_argv, Args, Settings};
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, Observer};
 use crate::node::{self, Sidecar};
+use crate::ops::Store;
 use crate::segment::{Segment, SegmentOptions};
 use crate::tracker::{Tracker, TrackerAdmission};
 use crate::transport::tcp::{ServerConfig, TcpConfig, TcpServer, TcpTransport};
@@ -130,14 +131,19 @@ pub async fn run(settings: Settings, mut shutdown: watch::Receiver<bool>) -> Res
         ..StripeConfig::default()
     };
     let data = DataClient::new(transport, stripe, transport_stats.clone())?;
-    let side = Arc::new(Sidecar {
-        settings: settings.clone(),
-        node_id: AtomicU64::new(node_id),
+    let store = Store::new(
+        Arc::new(metad.clone()),
+        node_id,
         segment,
         tracker,
+        data,
+        metrics.clone(),
+    );
+    let side = Arc::new(Sidecar {
+        settings: settings.clone(),
+        store: Arc::new(store),
         metad,
         hb_client,
-        data,
         transport_stats,
         metrics,
         instance_id: rand::random(),
@@ -147,8 +153,6 @@ pub async fn run(settings: Settings, mut shutdown: watch::Receiver<bool>) -> Res
         clients: AtomicU64::new(0),
         next_conn: AtomicU64::new(1),
         shutting_down: AtomicBool::new(false),
-        puts: AtomicU64::new(0),
-        gets: AtomicU64::new(0),
         retired: AtomicBool::new(false),
         server: Mutex::new(server),
     });

@@ -14,7 +14,6 @@
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 
-use regolith_proto::checksum;
 use regolith_proto::dataplane::Status;
 
 use crate::error::Result;
@@ -60,19 +59,9 @@ pub struct RemoteRange {
     pub len: u64,
 }
 
-/// An object version: the reservation `(term, id)` that wrote it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Version {
-    pub term: u64,
-    pub id: u64,
-}
-
-impl Version {
-    /// The checksum seed of this version.
-    pub fn seed(&self) -> u64 {
-        checksum::seed(self.term, self.id)
-    }
-}
+/// An object version: the reservation `(term, id)` that wrote it (`common.proto`; its
+/// checksum seed is [`Version::seed`]).
+pub use regolith_proto::common::Version;
 
 /// One slice as a connection sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

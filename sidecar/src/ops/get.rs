@@ -1,0 +1,366 @@
+//! Gets (design §5): placements from the leader (with read leases), then either the local
+//! extents for the client to copy itself, or a private copy read from the best replica into
+//! the client's region (or inline), verified against the version-seeded checksum; a replica
+//! that fails it is skipped for the next.
+
+use std::sync::atomic::Ordering;
+
+use futures::future::join_all;
+use regolith_proto::checksum;
+use regolith_proto::common::{Extent, Version};
+use regolith_proto::uds::{pb::Code, MAX_INLINE};
+
+use super::{metad_failure, Failure, Outcome, Placement, Region, Replica, Store, MAX_ITEMS};
+
+/// One key to get.
+#[derive(Clone)]
+pub struct GetItem {
+    pub key: String,
+    /// Where the bytes go; [`Region::Absent`] or [`Region::Inline`]: in the reply.
+    pub dest: Region,
+    /// The client maps the segment and takes the local extents when there is a local replica.
+    pub local_ok: bool,
+    /// The client found the local copy corrupt: count it and read another replica.
+    pub report_mismatch: bool,
+}
+
+/// What the client needs to know of an object it asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Found {
+    pub version: Version,
+    pub size: u64,
+    pub checksum: u64,
+}
+
+/// How the bytes reach the client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// The client copies them out of its mapped segment (and verifies the checksum).
+    Local(Vec<Extent>),
+    /// In the reply.
+    Inline(Vec<u8>),
+    /// Written into the client's region, verified.
+    Delivered,
+}
+
+/// One key's outcome: what was found (none when the key is not readable at all) and how it
+/// was delivered, or why not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GetResult {
+    pub found: Option<Found>,
+    pub status: Outcome<Delivery>,
+}
+
+impl GetResult {
+    fn failed(f: Failure) -> Self {
+        GetResult {
+            found: None,
+            status: Err(f),
+        }
+    }
+}
+
+/// Gets every item; one result each, in order.
+pub async fn get(store: &Store, items: Vec<GetItem>) -> Vec<GetResult> {
+    let n = items.len();
+    if n == 0 || n > MAX_ITEMS {
+        let f = Failure::invalid(format!("{n} items; 1..={MAX_ITEMS} per request"));
+        return vec![GetResult::failed(f); n];
+    }
+    let keys = items.iter().map(|i| i.key.clone()).collect();
+    let placements = match store.metad.placements(keys, store.node_id()).await {
+        Ok(p) if p.len() == n => p,
+        Ok(_) => {
+            let f = Failure::new(
+                Code::Internal,
+                "metad answered the wrong number of placements",
+            );
+            return vec![GetResult::failed(f); n];
+        }
+        Err(e) => return vec![GetResult::failed(metad_failure(&e)); n],
+    };
+    let work = items.iter().zip(placements).map(|(it, p)| async move {
+        match p {
+            Ok(p) => get_one(store, it, p).await,
+            Err(r) => GetResult::failed(Failure::from(&r)),
+        }
+    });
+    join_all(work).await
+}
+
+async fn get_one(store: &Store, it: &GetItem, p: Placement) -> GetResult {
+    let found = Found {
+        version: p.version,
+        size: p.size,
+        checksum: p.checksum,
+    };
+    GetResult {
+        found: Some(found),
+        status: deliver(store, it, &p).await,
+    }
+}
+
+async fn deliver(store: &Store, it: &GetItem, p: &Placement) -> Outcome<Delivery> {
+    if it.report_mismatch {
+        store.metrics.checksum_mismatches.inc();
+        tracing::warn!(key = %it.key, "a client found the local copy corrupt");
+    }
+    let local = p.replicas.iter().find(|r| store.is_local(r));
+    if let (Some(l), true, false) = (local, it.local_ok, it.report_mismatch) {
+        served(store, p.size);
+        return Ok(Delivery::Local(l.extents.clone()));
+    }
+    let candidates: Vec<&Replica> = p
+        .replicas
+        .iter()
+        .filter(|r| !(it.report_mismatch && store.is_local(r)))
+        .collect();
+    let inline_max = match &it.dest {
+        Region::Absent => Some(MAX_INLINE),
+        Region::Inline { max_len, .. } => Some((*max_len).min(MAX_INLINE)),
+        _ => None,
+    };
+    let mut reader = Reader::new(store, &it.key, p);
+    if let Some(max) = inline_max {
+        if p.size > max {
+            return Err(Failure::new(
+                Code::NeedSpace,
+                format!("{} bytes do not fit inline", p.size),
+            ));
+        }
+        let mut buf = vec![0u8; p.size as usize];
+        if !reader.read_verified(&candidates, &mut buf).await {
+            return Err(reader.failure(it.report_mismatch));
+        }
+        return Ok(Delivery::Inline(buf));
+    }
+    let (seg, off) = it.dest.window(p.size)?;
+    // SAFETY: `slice_mut` bounds-checks against the client's mapping, which `seg` keeps
+    // alive; the client does not touch this window until the reply arrives.
+    let dst = unsafe { seg.slice_mut(off, p.size) }.map_err(|e| Failure::invalid(e.to_string()))?;
+    if !reader.read_verified(&candidates, dst).await {
+        return Err(reader.failure(it.report_mismatch));
+    }
+    Ok(Delivery::Delivered)
+}
+
+fn served(store: &Store, size: u64) {
+    store.gets.fetch_add(1, Ordering::Relaxed);
+    store.metrics.get_bytes.inc_by(size);
+}
+
+/// Reads one object from its replicas in turn until one passes its checksum, remembering why
+/// the others failed.
+struct Reader<'a> {
+    store: &'a Store,
+    key: &'a str,
+    p: &'a Placement,
+    mismatched: bool,
+    last_err: String,
+}
+
+impl<'a> Reader<'a> {
+    fn new(store: &'a Store, key: &'a str, p: &'a Placement) -> Self {
+        Reader {
+            store,
+            key,
+            p,
+            mismatched: false,
+            last_err: String::from("no replica to read"),
+        }
+    }
+
+    /// Fills `dst` (exactly the object's size) from the first replica whose bytes verify;
+    /// answers whether one did.
+    async fn read_verified(&mut self, candidates: &[&Replica], dst: &mut [u8]) -> bool {
+        let seed = self.p.version.seed();
+        let mut hashes = vec![0u64; checksum::chunk_count(self.p.size)];
+        for rep in candidates {
+            match self
+                .store
+                .read_replica(rep, self.p.version, dst, &mut hashes)
+                .await
+            {
+                Ok(()) if checksum::combine(seed, &hashes) == self.p.checksum => {
+                    served(self.store, self.p.size);
+                    return true;
+                }
+                Ok(()) => {
+                    self.mismatched = true;
+                    self.store.metrics.checksum_mismatches.inc();
+                    tracing::warn!(key = self.key, node = %rep.node_name, "checksum mismatch: trying the next replica");
+                }
+                Err(e) => self.last_err = format!("{}: {e}", rep.node_name),
+            }
+        }
+        false
+    }
+
+    /// Why no replica could be delivered (counted as a failed get).
+    fn failure(&self, reported_mismatch: bool) -> Failure {
+        let f = self.explain(reported_mismatch);
+        self.store.count_error("get", f.code);
+        f
+    }
+
+    fn explain(&self, reported_mismatch: bool) -> Failure {
+        if self.mismatched || reported_mismatch {
+            Failure::new(
+                Code::Corrupt,
+                "the bytes failed their checksum on every replica",
+            )
+        } else {
+            Failure::new(
+                Code::Unavailable,
+                format!("no replica could be read: {}", self.last_err),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::ops::put::{self, BeginItem, CommitItem, PendingPuts};
+    use crate::ops::testing::{self, FakeMetad, LOCAL};
+
+    /// A store on the local node holding `key` (`len` bytes of pattern `salt`), put the way a
+    /// client puts a local replica.
+    async fn stored(key: &str, len: usize, salt: u8) -> (Store, Vec<u8>) {
+        let metad = Arc::new(FakeMetad::default());
+        metad.add_node(LOCAL, vec![]);
+        let store = testing::store(metad, 4 << 20);
+        let pending = PendingPuts::default();
+        let data = testing::pattern(len, salt);
+        let item = BeginItem {
+            key: key.into(),
+            size: len as u64,
+            options: Default::default(),
+        };
+        let t = put::begin(&store, 1, &pending, vec![item])
+            .await
+            .remove(0)
+            .unwrap();
+        let ck = testing::client_copy(&store.segment, &t.local_extents, t.version, &data);
+        let commit = CommitItem {
+            version: t.version,
+            checksum: Some(ck),
+            source: Region::Absent,
+        };
+        let r = put::commit(&store, &pending, vec![commit]).await;
+        assert_eq!(r[0].status, Ok(()));
+        (store, data)
+    }
+
+    fn item(key: &str, dest: Region, local_ok: bool) -> GetItem {
+        GetItem {
+            key: key.into(),
+            dest,
+            local_ok,
+            report_mismatch: false,
+        }
+    }
+
+    fn code<T>(o: &Outcome<T>) -> Option<Code> {
+        o.as_ref().err().map(|f| f.code)
+    }
+
+    #[tokio::test]
+    async fn a_local_replica_is_handed_to_a_client_that_maps_the_segment() {
+        let (store, data) = stored("k", 200_000, 3).await;
+        let got = get(&store, vec![item("k", Region::Absent, true)]).await;
+        let Ok(Delivery::Local(extents)) = &got[0].status else {
+            panic!("not local: {:?}", got[0].status.as_ref().err());
+        };
+        assert!(testing::read_extents(&store.segment, extents, data.len()) == data);
+        let found = got[0].found.unwrap();
+        assert_eq!(found.size, data.len() as u64);
+        assert_eq!(
+            found.checksum,
+            checksum::checksum(found.version.seed(), &data)
+        );
+        assert_eq!(store.gets.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn a_copy_is_delivered_into_the_clients_region_verified() {
+        let (store, data) = stored("k", 200_000, 4).await;
+        let staging = testing::segment("staging", 1 << 20);
+        let dest = Region::Mapped {
+            seg: staging.clone(),
+            offset: 4096,
+            len: 300_000,
+        };
+        let got = get(&store, vec![item("k", dest, false)]).await;
+        assert_eq!(got[0].status, Ok(Delivery::Delivered));
+        let window = [regolith_proto::common::Extent {
+            offset: 4096,
+            len: data.len() as u64,
+        }];
+        assert!(testing::read_extents(&staging, &window, data.len()) == data);
+    }
+
+    #[tokio::test]
+    async fn corrupt_bytes_are_a_miss_never_data() {
+        let (store, _) = stored("k", 100_000, 5).await;
+        // SAFETY: the test's own segment; the object starts at offset 0 in the double.
+        unsafe { store.segment.slice_mut(10, 1) }.unwrap()[0] ^= 0xff;
+        let got = get(&store, vec![item("k", Region::Absent, false)]).await;
+        assert_eq!(code(&got[0].status), Some(Code::Corrupt));
+        assert_eq!(store.metrics.checksum_mismatches.get(), 1);
+        assert_eq!(store.gets.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn missing_keys_small_windows_and_bad_regions_fail_per_item() {
+        let (store, _) = stored("k", 100_000, 6).await;
+        let small = Region::Inline {
+            data: Default::default(),
+            max_len: 1000,
+        };
+        let staging = testing::segment("staging", 1 << 16);
+        let short = Region::Mapped {
+            seg: staging,
+            offset: 0,
+            len: 10,
+        };
+        let got = get(
+            &store,
+            vec![
+                item("absent", Region::Absent, false),
+                item("k", small, false),
+                item("k", short, false),
+                item(
+                    "k",
+                    Region::Invalid(Failure::invalid("no registered buffer 9")),
+                    false,
+                ),
+            ],
+        )
+        .await;
+        assert_eq!(code(&got[0].status), Some(Code::NotFound));
+        assert!(got[0].found.is_none());
+        assert_eq!(code(&got[1].status), Some(Code::NeedSpace));
+        assert_eq!(
+            got[1].found.map(|f| f.size),
+            Some(100_000),
+            "the size tells how much room"
+        );
+        assert_eq!(code(&got[2].status), Some(Code::NeedSpace));
+        assert_eq!(code(&got[3].status), Some(Code::InvalidArgument));
+    }
+
+    #[tokio::test]
+    async fn batches_out_of_bounds_are_refused_whole() {
+        let (store, _) = stored("k", 10, 7).await;
+        assert!(get(&store, vec![]).await.is_empty());
+        let many = vec![item("k", Region::Absent, false); MAX_ITEMS + 1];
+        let got = get(&store, many).await;
+        assert_eq!(got.len(), MAX_ITEMS + 1);
+        assert!(got
+            .iter()
+            .all(|g| code(&g.status) == Some(Code::InvalidArgument)));
+    }
+}

@@ -1,0 +1,97 @@
+//! Key operations: exists (no lease: design §5), sizes, remove, remove-all.
+
+use regolith_proto::metad as mpb;
+use regolith_proto::uds::pb::Code;
+
+use super::{code_of, metad_failure, Failure, Outcome, Store, MAX_KEYS};
+
+fn check_count(n: usize) -> Outcome<()> {
+    if n > MAX_KEYS {
+        return Err(Failure::invalid("too many keys"));
+    }
+    Ok(())
+}
+
+pub async fn exists(store: &Store, keys: Vec<String>) -> Outcome<Vec<bool>> {
+    check_count(keys.len())?;
+    store
+        .metad
+        .exists(keys)
+        .await
+        .map_err(|e| metad_failure(&e))
+}
+
+/// Each key's size (0 where the key cannot be read), with its own outcome.
+pub async fn sizes(store: &Store, keys: Vec<String>) -> Outcome<Vec<(Outcome<()>, u64)>> {
+    check_count(keys.len())?;
+    let placements = store
+        .metad
+        .placements(keys, store.node_id())
+        .await
+        .map_err(|e| metad_failure(&e))?;
+    Ok(placements
+        .into_iter()
+        .map(|p| match p {
+            Ok(p) => (Ok(()), p.size),
+            Err(r) => (Err(Failure::from(&r)), 0),
+        })
+        .collect())
+}
+
+/// Removes `keys`; one outcome per key.
+pub async fn remove(store: &Store, keys: Vec<String>) -> Outcome<Vec<Outcome<()>>> {
+    let removed = store
+        .metad
+        .remove(keys.clone())
+        .await
+        .map_err(|e| metad_failure(&e))?;
+    let codes = removed
+        .codes
+        .iter()
+        .copied()
+        .chain(std::iter::repeat(mpb::Code::Internal));
+    Ok(keys
+        .iter()
+        .zip(codes)
+        .map(|(k, c)| remove_status(k, c, removed.failed_attempts))
+        .collect())
+}
+
+/// One key's answer to a remove. NOT_FOUND after an attempt that got no answer is no proof the
+/// key was absent — that attempt may have removed it — so it answers TIMEOUT (outcome unknown).
+fn remove_status(key: &str, code: mpb::Code, failed_attempts: u32) -> Outcome<()> {
+    match code_of(code) {
+        Code::Ok => Ok(()),
+        Code::NotFound if failed_attempts > 0 => Err(Failure::new(
+            Code::Timeout,
+            format!(
+                "{key:?}: outcome unknown: not found now, but an earlier attempt got no answer \
+                 and may have removed it"
+            ),
+        )),
+        code => Err(Failure::new(code, format!("{key:?}: {code:?}"))),
+    }
+}
+
+/// Removes every object; answers how many.
+pub async fn remove_all(store: &Store) -> Outcome<u64> {
+    store
+        .metad
+        .remove_all()
+        .await
+        .map_err(|e| metad_failure(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_found_after_an_unanswered_remove_attempt_is_outcome_unknown() {
+        let not_found = mpb::Code::NotFound;
+        let code = |o: Outcome<()>| o.err().map(|f| f.code).unwrap_or(Code::Ok);
+        assert_eq!(code(remove_status("k", not_found, 0)), Code::NotFound);
+        assert_eq!(code(remove_status("k", not_found, 1)), Code::Timeout);
+        assert_eq!(code(remove_status("k", mpb::Code::Ok, 2)), Code::Ok);
+    }
+}
