@@ -28,7 +28,7 @@ impl Client {
             .thread_name("regolith-client")
             .enable_all()
             .build()
-            .map_err(Error::Io)?;
+            .map_err(Error::from)?;
         let inner = rt.block_on(AsyncClient::connect(cfg))?;
         Ok(Self {
             rt: Arc::new(rt),

@@ -328,7 +328,7 @@ impl AsyncClient {
                 Ok(s) => s,
                 Err(e) => {
                     for i in &todo {
-                        out[*i] = Some(Err(clone_err(&e)));
+                        out[*i] = Some(Err(e.clone()));
                     }
                     break;
                 }
@@ -378,7 +378,7 @@ impl AsyncClient {
         };
         let reply: pb::PutBeginReply = match s.conn.call(Op::PutBegin, &req).await {
             Ok(r) => r,
-            Err(e) => return group.iter().map(|_| (Err(clone_err(&e)), false)).collect(),
+            Err(e) => return group.iter().map(|_| (Err(e.clone()), false)).collect(),
         };
         if reply.items.len() != group.len() {
             return group
@@ -447,7 +447,7 @@ impl AsyncClient {
                 }
                 Err(e) => {
                     for j in &committed_idx {
-                        results[*j] = Some(Err(clone_err(&e)));
+                        results[*j] = Some(Err(e.clone()));
                     }
                 }
             }
@@ -710,7 +710,7 @@ impl AsyncClient {
                 Ok(s) => s,
                 Err(e) => {
                     for i in &todo {
-                        out[*i] = Some(Err(clone_err(&e)));
+                        out[*i] = Some(Err(e.clone()));
                     }
                     break;
                 }
@@ -763,7 +763,7 @@ impl AsyncClient {
                     Err(e) => {
                         self.give_back(windows.into_iter().flatten().collect())
                             .await;
-                        return group.iter().map(|_| Err(clone_err(&e))).collect();
+                        return group.iter().map(|_| Err(e.clone())).collect();
                     }
                 },
                 Dest::Shm { buf, offset, len } => match self.registered(s, buf).await {
@@ -777,7 +777,7 @@ impl AsyncClient {
                         },
                         None,
                     ),
-                    Err(e) => return group.iter().map(|_| Err(clone_err(&e))).collect(),
+                    Err(e) => return group.iter().map(|_| Err(e.clone())).collect(),
                 },
             };
             windows.push(w);
@@ -804,7 +804,7 @@ impl AsyncClient {
                         })
                         .collect()
                 }
-                Err(e) => return group.iter().map(|_| Err(clone_err(&e))).collect(),
+                Err(e) => return group.iter().map(|_| Err(e.clone())).collect(),
             };
             let mut next = pb::GetRequest { items: Vec::new() };
             let mut next_round = Vec::new();
@@ -1187,20 +1187,6 @@ fn may_retry_put(e: &Error, commit_sent: bool) -> bool {
         )
     } else {
         e.is_retryable() || matches!(e, Error::Disconnected(_))
-    }
-}
-
-fn clone_err(e: &Error) -> Error {
-    match e {
-        Error::Disconnected(m) => Error::Disconnected(m.clone()),
-        Error::Server { key, code, message } => Error::Server {
-            key: key.clone(),
-            code: *code,
-            message: message.clone(),
-        },
-        Error::NotFound { key } => Error::NotFound { key: key.clone() },
-        Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
-        other => Error::Protocol(other.to_string()),
     }
 }
 

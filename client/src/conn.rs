@@ -68,7 +68,7 @@ impl Conn {
             .await
             .map_err(|e| Error::Connect {
                 path: path.to_path_buf(),
-                source: e,
+                source: std::sync::Arc::new(e),
             })?;
         let req = pb::HelloRequest {
             protocol_version: uds::PROTOCOL_VERSION,

@@ -1,17 +1,20 @@
 //! The crate's error enum: what failed, on which key or socket.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use regolith_proto::uds::pb;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-#[derive(Debug, thiserror::Error)]
+/// `Clone`, so that one failure can answer every item of a batch it sank (the I/O errors are
+/// shared by `Arc`).
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot connect to the sidecar at {path}: {source} (is regolith-sidecar running? set REGOLITH_SOCKET or pass the socket path)")]
     Connect {
         path: PathBuf,
-        source: std::io::Error,
+        source: Arc<std::io::Error>,
     },
     #[error("sidecar at {path} refused hello: {message}")]
     Hello { path: PathBuf, message: String },
@@ -42,7 +45,13 @@ pub enum Error {
     #[error("shared memory: {0}")]
     Shm(String),
     #[error("io: {0}")]
-    Io(#[from] std::io::Error),
+    Io(#[source] Arc<std::io::Error>),
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(Arc::new(e))
+    }
 }
 
 impl Error {
