@@ -19,6 +19,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(false)
         .build_server(false)
+        // Ordered by term then id (versions) and by offset then length (extents), as the
+        // tuples they replace: sets and sorted reports of them stay deterministic.
+        .type_attribute(".regolith.common.v1.Version", "#[derive(PartialOrd, Ord)]")
+        .type_attribute(".regolith.common.v1.Extent", "#[derive(PartialOrd, Ord)]")
         .compile_fds(common)?;
     // The services' descriptors include common.proto (they import it); prost emits no code for
     // an extern package, so its code is the one generated above.

@@ -123,21 +123,12 @@ impl Sidecar {
                 .tracker
                 .in_flight()
                 .into_iter()
-                .map(|((term, id), ext)| mpb::InFlight {
-                    version: Some(mpb::Version { term, id }),
-                    extents: ext
-                        .into_iter()
-                        .map(|(offset, len)| mpb::Extent { offset, len })
-                        .collect(),
+                .map(|(version, extents)| mpb::InFlight {
+                    version: Some(version),
+                    extents,
                 })
                 .collect(),
-            released: self
-                .store
-                .tracker
-                .released()
-                .into_iter()
-                .map(|(term, id)| mpb::Version { term, id })
-                .collect(),
+            released: self.store.tracker.released(),
             used_bytes: self.segment_used.load(Ordering::Relaxed),
         };
         let reply = match self.hb_client.heartbeat(req).await {
@@ -166,8 +157,7 @@ impl Sidecar {
             self.remount().await;
             return true;
         }
-        let q: Vec<(u64, u64)> = reply.quarantined.iter().map(|v| (v.term, v.id)).collect();
-        let released = self.store.tracker.quarantined(&q);
+        let released = self.store.tracker.quarantined(&reply.quarantined);
         if !released.is_empty() {
             tracing::debug!(
                 count = released.len(),

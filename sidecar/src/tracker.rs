@@ -18,11 +18,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use regolith_proto::common::{Extent, Version};
 use regolith_proto::dataplane::{Request, Status};
 
 use crate::transport::{Admission, WriteGuard, WriteSlice};
 
-pub type Key = (u64, u64);
+/// A reservation, by its version.
+pub type Key = Version;
 
 /// How long a reservation that received slices is remembered after its last slice: past
 /// metad's put timeout (30 s by default) its writer can no longer commit it, and slices of an
@@ -31,22 +33,25 @@ pub const REMEMBER: Duration = Duration::from_secs(40);
 
 /// Adds `[off, off+len)` to a list of extents, merging it with an adjacent or overlapping one
 /// (slices of one transfer arrive in pieces of one range).
-fn add_extent(v: &mut Vec<(u64, u64)>, off: u64, len: u64) {
+fn add_extent(v: &mut Vec<Extent>, off: u64, len: u64) {
     for e in v.iter_mut() {
-        let (s, l) = *e;
+        let (s, l) = (e.offset, e.len);
         if off <= s + l && s <= off + len {
             let start = s.min(off);
             let end = (s + l).max(off + len);
-            *e = (start, end - start);
+            *e = Extent {
+                offset: start,
+                len: end - start,
+            };
             return;
         }
     }
-    v.push((off, len));
+    v.push(Extent { offset: off, len });
 }
 
 #[derive(Debug, Default)]
 struct Remote {
-    extents: Vec<(u64, u64)>,
+    extents: Vec<Extent>,
     active: usize,
     last: Option<Instant>,
 }
@@ -56,7 +61,7 @@ struct Inner {
     fenced: HashSet<Key>,
     remote: HashMap<Key, Remote>,
     /// Reservations local clients are copying into: key → (connection, extents).
-    local: HashMap<Key, (u64, Vec<(u64, u64)>)>,
+    local: HashMap<Key, (u64, Vec<Extent>)>,
     /// Fenced and idle: reported as released until metad stops listing them.
     released: BTreeSet<Key>,
 }
@@ -99,7 +104,7 @@ impl Tracker {
         self.highest_term.fetch_max(term, Ordering::AcqRel);
     }
 
-    pub fn track_local(&self, key: Key, conn: u64, extents: Vec<(u64, u64)>) {
+    pub fn track_local(&self, key: Key, conn: u64, extents: Vec<Extent>) {
         self.inner.lock().local.insert(key, (conn, extents));
     }
 
@@ -127,12 +132,12 @@ impl Tracker {
     }
 
     /// Every reservation in flight on this segment, with its extents (for the heartbeat).
-    pub fn in_flight(&self) -> Vec<(Key, Vec<(u64, u64)>)> {
+    pub fn in_flight(&self) -> Vec<(Key, Vec<Extent>)> {
         let mut g = self.inner.lock();
         let now = Instant::now();
         g.remote
             .retain(|_, r| r.active > 0 || r.last.is_none_or(|t| now.duration_since(t) < REMEMBER));
-        let mut out: Vec<(Key, Vec<(u64, u64)>)> = g
+        let mut out: Vec<(Key, Vec<Extent>)> = g
             .remote
             .iter()
             .map(|(k, r)| (*k, r.extents.clone()))
@@ -213,7 +218,10 @@ impl Admission for TrackerAdmission {
         if req.term < before {
             return Err(Status::StaleTerm);
         }
-        let key = (req.term, req.res_id);
+        let key = Version {
+            term: req.term,
+            id: req.res_id,
+        };
         {
             let mut g = t.inner.lock();
             if g.fenced.contains(&key) {
@@ -249,6 +257,14 @@ mod tests {
     use super::*;
     use regolith_proto::dataplane::Kind;
 
+    fn v(term: u64, id: u64) -> Version {
+        Version { term, id }
+    }
+
+    fn e(offset: u64, len: u64) -> Extent {
+        Extent { offset, len }
+    }
+
     fn write(generation: u64, term: u64, id: u64, offset: u64) -> Request {
         Request {
             kind: Kind::Write,
@@ -268,7 +284,7 @@ mod tests {
         add_extent(&mut v, 100, 50);
         add_extent(&mut v, 500, 10);
         add_extent(&mut v, 20, 10);
-        assert_eq!(v, vec![(0, 150), (500, 10)]);
+        assert_eq!(v, vec![e(0, 150), e(500, 10)]);
     }
 
     #[test]
@@ -280,24 +296,24 @@ mod tests {
             Some(Status::BadGeneration)
         );
         let g = a.admit_write(&write(1, 3, 1, 0)).unwrap();
-        t.track_local((3, 2), 9, vec![(8192, 100)]);
+        t.track_local(v(3, 2), 9, vec![e(8192, 100)]);
         let inf = t.in_flight();
         assert_eq!(
             inf,
-            vec![((3, 1), vec![(0, 4096)]), ((3, 2), vec![(8192, 100)])]
+            vec![(v(3, 1), vec![e(0, 4096)]), (v(3, 2), vec![e(8192, 100)])]
         );
         // Quarantined while a slice is in progress and a client copies: fenced, not released.
-        assert!(t.quarantined(&[(3, 1), (3, 2)]).is_empty());
+        assert!(t.quarantined(&[v(3, 1), v(3, 2)]).is_empty());
         assert_eq!(
             a.admit_write(&write(1, 3, 1, 4096)).err(),
             Some(Status::Fenced)
         );
         drop(g);
-        assert_eq!(t.quarantined(&[(3, 1), (3, 2)]), vec![(3, 1)]);
-        assert_eq!(t.untrack_conn(9), vec![(3, 2)]);
-        assert_eq!(t.quarantined(&[(3, 1), (3, 2)]), vec![(3, 1), (3, 2)]);
+        assert_eq!(t.quarantined(&[v(3, 1), v(3, 2)]), vec![v(3, 1)]);
+        assert_eq!(t.untrack_conn(9), vec![v(3, 2)]);
+        assert_eq!(t.quarantined(&[v(3, 1), v(3, 2)]), vec![v(3, 1), v(3, 2)]);
         // metad stopped listing (3, 1): no longer reported.
-        assert_eq!(t.quarantined(&[(3, 2)]), vec![(3, 2)]);
+        assert_eq!(t.quarantined(&[v(3, 2)]), vec![v(3, 2)]);
         // A higher term refuses older slices.
         t.observe_term(5);
         assert_eq!(

@@ -93,10 +93,6 @@ impl PendingPuts {
     }
 }
 
-fn tuples(ext: &[Extent]) -> Vec<(u64, u64)> {
-    ext.iter().map(|e| (e.offset, e.len)).collect()
-}
-
 /// Reserves every item with the leader; one answer per item.
 pub async fn begin(
     store: &Store,
@@ -155,9 +151,7 @@ fn ticket(
         .unwrap_or_default();
     let remote = res.replicas.iter().any(|r| !store.is_local(r));
     if !local.is_empty() {
-        store
-            .tracker
-            .track_local((v.term, v.id), conn, tuples(&local));
+        store.tracker.track_local(v, conn, local.clone());
     }
     let t = Ticket {
         version: v,
@@ -220,7 +214,7 @@ pub async fn commit(
         let req = batch.iter().map(|(_, v, ck, _)| (*v, *ck)).collect();
         let answer = store.metad.commit(&leader, req).await;
         for (k, (i, v, _, p)) in batch.into_iter().enumerate() {
-            store.tracker.untrack_local((v.term, v.id));
+            store.tracker.untrack_local(v);
             let status = commit_status(&answer, k);
             match &status {
                 Ok(()) => {
@@ -382,7 +376,7 @@ async fn write_remote(store: &Store, p: &Pending, it: &CommitItem) -> Outcome<u6
 
 /// Gives one reservation back (best effort: an unanswered abort expires).
 async fn abort_one(store: &Store, p: &Pending, v: Version) {
-    store.tracker.untrack_local((v.term, v.id));
+    store.tracker.untrack_local(v);
     if let Err(e) = store.metad.abort(&p.leader, vec![v]).await {
         tracing::debug!(error = %e, key = %p.key, "abort failed (the reservation will expire)");
     }
