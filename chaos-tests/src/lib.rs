@@ -23,6 +23,10 @@
 //! * [`run`] — a whole run: [`run::Harness`] and [`run::run_profile`].
 //! * [`error`] — the crate's error enum.
 
+// No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic
+// a process; the few invariants that are ours alone say so where they are allowed.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod checker;
 pub mod cluster;
 pub mod error;

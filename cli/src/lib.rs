@@ -17,6 +17,10 @@
 //! put/get/rm go through a sidecar (its socket), like every client; status/ls/members/segments
 //! ask the metad leader. Exit codes: 0 ok, 1 the operation failed, 2 usage error.
 
+// No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic
+// a process; the few invariants that are ours alone say so where they are allowed.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod args;
 pub mod cluster_file;
 pub mod cmd;

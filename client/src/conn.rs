@@ -113,7 +113,12 @@ impl Conn {
                 message: format!("expected {want} memfds with hello, got {}", fds.len()),
             });
         }
-        let staging_fd = fds.pop().expect("checked count");
+        let Some(staging_fd) = fds.pop() else {
+            return Err(Error::Hello {
+                path: path.to_path_buf(),
+                message: "no staging memfd with hello".into(),
+            });
+        };
         let segment_fd = fds.pop();
         // Bytes after the hello reply (none expected) stay in the codec for the reader.
         let sock = Arc::new(sock);

@@ -12,6 +12,10 @@
 //! * [`staging`] — windows of the staging area, one per request in flight.
 //! * [`error`] — the crate's error enum.
 
+// No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic
+// a process; the few invariants that are ours alone say so where they are allowed.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod blocking;
 pub mod client;
 pub mod conn;

@@ -21,6 +21,10 @@
 //! * [`ports`] — free loopback ports outside the kernel's ephemeral range (harnesses, tools).
 //! * [`error`] — the crate's error enum.
 
+// No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic
+// a process; the few invariants that are ours alone say so where they are allowed.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod auth;
 pub mod checksum;
 pub mod client;

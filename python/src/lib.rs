@@ -12,6 +12,10 @@
 //! * [`config`] — `ReplicateConfig`, with Mooncake's attribute names.
 //! * [`error`] — the crate's error type, the Python exception classes, Mooncake's error codes.
 
+// No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic
+// a process; the few invariants that are ours alone say so where they are allowed.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 use pyo3::prelude::*;
 
 pub mod buffers;

@@ -22,6 +22,10 @@
 //! * `snapshot` — the snapshot file format and the snapshot directory.
 //! * `stats` — [`StorageStats`], atomics the application exports as metrics.
 
+// No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic
+// a process; the few invariants that are ours alone say so where they are allowed.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 use std::path::Path;
 use std::sync::Arc;
 
