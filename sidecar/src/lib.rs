@@ -23,7 +23,6 @@
 // No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic
 // a process; the few invariants that are ours alone say so where they are allowed.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
-
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

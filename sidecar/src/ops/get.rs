@@ -220,18 +220,14 @@ impl<'a> Reader<'a> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::ops::put::{self, BeginItem, CommitItem, PendingPuts};
-    use crate::ops::testing::{self, FakeMetad, LOCAL};
+    use crate::ops::testing;
 
     /// A store on the local node holding `key` (`len` bytes of pattern `salt`), put the way a
     /// client puts a local replica.
     async fn stored(key: &str, len: usize, salt: u8) -> (Store, Vec<u8>) {
-        let metad = Arc::new(FakeMetad::default());
-        metad.add_node(LOCAL, vec![]);
-        let store = testing::store(metad, 4 << 20);
+        let (_metad, store) = testing::local_store();
         let pending = PendingPuts::default();
         let data = testing::pattern(len, salt);
         let item = BeginItem {

@@ -409,11 +409,9 @@ pub async fn abandon(store: &Store, conn: u64, pending: &PendingPuts) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::ops::get::{self, Delivery, GetItem};
-    use crate::ops::testing::{self, FakeMetad, LEADER, LOCAL};
+    use crate::ops::testing::{self, LEADER};
 
     fn item(key: &str, size: u64, replicas: u32) -> BeginItem {
         BeginItem {
@@ -435,6 +433,25 @@ mod tests {
         }
     }
 
+    async fn commit_one(
+        store: &Store,
+        pending: &PendingPuts,
+        version: Version,
+        checksum: Option<u64>,
+        source: Region,
+    ) -> PutResult {
+        let item = CommitItem {
+            version,
+            checksum,
+            source,
+        };
+        commit(store, pending, vec![item]).await.remove(0)
+    }
+
+    fn code(r: &PutResult) -> Option<Code> {
+        r.status.as_ref().err().map(|f| f.code)
+    }
+
     async fn begin_one(store: &Store, pending: &PendingPuts, it: BeginItem) -> Ticket {
         let mut t = begin(store, 7, pending, vec![it]).await;
         t.remove(0).expect("a ticket")
@@ -442,9 +459,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_local_put_is_copied_by_the_client_and_committed_with_its_checksum() {
-        let metad = Arc::new(FakeMetad::default());
-        metad.add_node(LOCAL, vec![]);
-        let store = testing::store(metad.clone(), 1 << 20);
+        let (metad, store) = testing::local_store();
         let pending = PendingPuts::default();
         let data = testing::pattern(300_000, 1);
 
@@ -462,18 +477,9 @@ mod tests {
         );
         let ck = testing::client_copy(&store.segment, &t.local_extents, t.version, &data);
 
-        let r = commit(
-            &store,
-            &pending,
-            vec![CommitItem {
-                version: t.version,
-                checksum: Some(ck),
-                source: Region::Absent,
-            }],
-        )
-        .await;
-        assert_eq!(r[0].status, Ok(()));
-        assert!(r[0].replicas[0].local);
+        let r = commit_one(&store, &pending, t.version, Some(ck), Region::Absent).await;
+        assert_eq!(r.status, Ok(()));
+        assert!(r.replicas[0].local);
         assert_eq!(metad.commits(), vec![(LEADER.to_string(), t.version, ck)]);
         assert!(store.tracker.in_flight().is_empty());
         assert!(pending.is_empty());
@@ -489,25 +495,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_local_only_put_without_its_writers_checksum_is_refused_and_aborted() {
-        let metad = Arc::new(FakeMetad::default());
-        metad.add_node(LOCAL, vec![]);
-        let store = testing::store(metad.clone(), 1 << 20);
+        let (metad, store) = testing::local_store();
         let pending = PendingPuts::default();
         let t = begin_one(&store, &pending, item("k", 4096, 1)).await;
-        let r = commit(
-            &store,
-            &pending,
-            vec![CommitItem {
-                version: t.version,
-                checksum: None,
-                source: Region::Absent,
-            }],
-        )
-        .await;
-        assert_eq!(
-            r[0].status.as_ref().map_err(|f| f.code),
-            Err(Code::InvalidArgument)
-        );
+        let r = commit_one(&store, &pending, t.version, None, Region::Absent).await;
+        assert_eq!(code(&r), Some(Code::InvalidArgument));
         assert_eq!(metad.aborts(), vec![(LEADER.to_string(), t.version)]);
         assert!(metad.commits().is_empty());
         assert!(store.tracker.in_flight().is_empty());
@@ -515,30 +507,25 @@ mod tests {
 
     #[tokio::test]
     async fn a_remote_put_is_written_over_the_data_plane_and_checksummed_while_sent() {
-        let peer = testing::peer(2, 1 << 20).await;
-        let metad = Arc::new(FakeMetad::default());
-        metad.add_node(2, peer.addrs.clone());
         // A consumer-only node: no segment of its own.
-        let store = testing::store(metad.clone(), 0);
+        let (metad, store, peer) = testing::remote_store().await;
         let pending = PendingPuts::default();
         let data = testing::pattern(300_000, 2);
 
         let t = begin_one(&store, &pending, item("r", data.len() as u64, 1)).await;
         assert!(t.remote && t.local_extents.is_empty());
-        let r = commit(
+        let r = commit_one(
             &store,
             &pending,
-            vec![CommitItem {
-                version: t.version,
-                checksum: None,
-                source: Region::Inline {
-                    data: bytes::Bytes::from(data.clone()),
-                    max_len: 0,
-                },
-            }],
+            t.version,
+            None,
+            Region::Inline {
+                data: bytes::Bytes::from(data.clone()),
+                max_len: 0,
+            },
         )
         .await;
-        assert_eq!(r[0].status, Ok(()));
+        assert_eq!(r.status, Ok(()));
         let expected = checksum::checksum(t.version.seed(), &data);
         assert_eq!(
             metad.commits(),
@@ -561,39 +548,29 @@ mod tests {
 
     #[tokio::test]
     async fn a_source_window_smaller_than_the_object_needs_space_and_aborts() {
-        let peer = testing::peer(2, 1 << 20).await;
-        let metad = Arc::new(FakeMetad::default());
-        metad.add_node(2, peer.addrs.clone());
-        let store = testing::store(metad.clone(), 0);
+        let (metad, store, _peer) = testing::remote_store().await;
         let pending = PendingPuts::default();
         let t = begin_one(&store, &pending, item("r", 8192, 1)).await;
         let staging = testing::segment("staging", 1 << 16);
-        let r = commit(
+        let r = commit_one(
             &store,
             &pending,
-            vec![CommitItem {
-                version: t.version,
-                checksum: None,
-                source: Region::Mapped {
-                    seg: staging,
-                    offset: 0,
-                    len: 4096,
-                },
-            }],
+            t.version,
+            None,
+            Region::Mapped {
+                seg: staging,
+                offset: 0,
+                len: 4096,
+            },
         )
         .await;
-        assert_eq!(
-            r[0].status.as_ref().map_err(|f| f.code),
-            Err(Code::NeedSpace)
-        );
+        assert_eq!(code(&r), Some(Code::NeedSpace));
         assert_eq!(metad.aborts(), vec![(LEADER.to_string(), t.version)]);
     }
 
     #[tokio::test]
     async fn an_existing_key_answers_already_exists_and_a_stranger_version_is_refused() {
-        let metad = Arc::new(FakeMetad::default());
-        metad.add_node(LOCAL, vec![]);
-        let store = testing::store(metad.clone(), 1 << 20);
+        let (_metad, store) = testing::local_store();
         let pending = PendingPuts::default();
         let first = begin(
             &store,
@@ -608,21 +585,9 @@ mod tests {
             Some(Code::AlreadyExists)
         );
         let stranger = Version { term: 9, id: 9 };
-        let r = commit(
-            &store,
-            &pending,
-            vec![CommitItem {
-                version: stranger,
-                checksum: Some(0),
-                source: Region::Absent,
-            }],
-        )
-        .await;
-        assert_eq!(
-            r[0].status.as_ref().map_err(|f| f.code),
-            Err(Code::InvalidArgument)
-        );
-        assert!(r[0]
+        let r = commit_one(&store, &pending, stranger, Some(0), Region::Absent).await;
+        assert_eq!(code(&r), Some(Code::InvalidArgument));
+        assert!(r
             .status
             .as_ref()
             .unwrap_err()
@@ -632,9 +597,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_commit_without_a_definite_answer_is_outcome_unknown() {
-        let metad = Arc::new(FakeMetad::default());
-        metad.add_node(LOCAL, vec![]);
-        let store = testing::store(metad.clone(), 1 << 20);
+        let (metad, store) = testing::local_store();
         let pending = PendingPuts::default();
         let t = begin_one(&store, &pending, item("k", 10, 1)).await;
         let ck = testing::client_copy(&store.segment, &t.local_extents, t.version, &[7u8; 10]);
@@ -643,17 +606,8 @@ mod tests {
             code: tonic::Code::DeadlineExceeded,
             message: String::new(),
         });
-        let r = commit(
-            &store,
-            &pending,
-            vec![CommitItem {
-                version: t.version,
-                checksum: Some(ck),
-                source: Region::Absent,
-            }],
-        )
-        .await;
-        assert_eq!(r[0].status.as_ref().map_err(|f| f.code), Err(Code::Timeout));
+        let r = commit_one(&store, &pending, t.version, Some(ck), Region::Absent).await;
+        assert_eq!(code(&r), Some(Code::Timeout));
         assert!(
             metad.aborts().is_empty(),
             "a commit that may have applied is not aborted"
@@ -691,9 +645,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_that_leaves_mid_put_has_its_reservations_aborted() {
-        let metad = Arc::new(FakeMetad::default());
-        metad.add_node(LOCAL, vec![]);
-        let store = testing::store(metad.clone(), 1 << 20);
+        let (metad, store) = testing::local_store();
         let pending = PendingPuts::default();
         let t = begin(
             &store,

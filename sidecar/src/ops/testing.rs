@@ -271,6 +271,23 @@ pub fn store(metad: Arc<FakeMetad>, segment_size: u64) -> Store {
     )
 }
 
+/// metad knowing only the local node, and a store on it with a 4 MiB segment.
+pub fn local_store() -> (Arc<FakeMetad>, Store) {
+    let metad = Arc::new(FakeMetad::default());
+    metad.add_node(LOCAL, vec![]);
+    let store = store(metad.clone(), 4 << 20);
+    (metad, store)
+}
+
+/// metad placing on one remote node only, with a store on a consumer-only node.
+pub async fn remote_store() -> (Arc<FakeMetad>, Store, Peer) {
+    let peer = peer(2, 1 << 20).await;
+    let metad = Arc::new(FakeMetad::default());
+    metad.add_node(2, peer.addrs.clone());
+    let store = store(metad.clone(), 0);
+    (metad, store, peer)
+}
+
 /// Bytes that differ from position to position (and from object to object with `salt`).
 pub fn pattern(len: usize, salt: u8) -> Vec<u8> {
     (0..len)
