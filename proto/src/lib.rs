@@ -18,6 +18,7 @@
 //! * [`dataplane`] — the sidecar-to-sidecar data-plane wire protocol (handshake, slices).
 //! * [`uds`] — the client-to-sidecar protocol: opcodes and messages (`proto/uds.proto`).
 //! * [`daemon`] — logging, runtime and signal handling shared by the daemons.
+//! * [`shutdown`] — [`shutdown::Shutdown`], how tasks learn that the process is stopping.
 //! * [`ports`] — free loopback ports outside the kernel's ephemeral range (harnesses, tools).
 //! * [`error`] — the crate's error enum.
 
@@ -35,6 +36,7 @@ pub mod fdpass;
 pub mod frame;
 pub mod leader;
 pub mod ports;
+pub mod shutdown;
 pub mod uds;
 pub mod units;
 
