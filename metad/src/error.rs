@@ -36,6 +36,13 @@ pub enum Error {
     NotLeader { leader: Option<(u64, String)> },
     #[error("leader not ready: {0}")]
     NotReady(String),
+    /// Leader by Raft's account, but the core's leader state (shadow allocator, reservations)
+    /// is not built yet.
+    #[error("leader state not built yet")]
+    NoLeaderState,
+    /// A command was applied but answered something its caller does not expect (a bug).
+    #[error("{0}")]
+    Internal(String),
     #[error("raft: {0}")]
     Raft(String),
     #[error("storage at {path}: {reason}")]
