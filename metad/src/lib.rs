@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod objects;
+pub mod ops;
 pub mod proposer;
 pub mod raft_types;
 pub mod run;

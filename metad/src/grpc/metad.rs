@@ -1,5 +1,6 @@
-//! The `Metad` gRPC service (`proto/metad.proto`). Every call is answered by the leader;
-//! followers answer `NOT_LEADER` with the leader's address.
+//! The `Metad` gRPC service (`proto/metad.proto`): a translation layer between the wire and
+//! [`crate::ops`]. Every call is answered by the leader; followers answer `NOT_LEADER` with the
+//! leader's address.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -11,30 +12,20 @@ use regolith_proto::metad::metad_server::Metad;
 use tonic::{Request, Response, Status};
 
 use crate::command::{Command, Outcome};
+use crate::config::{
+    LIST_KEYS_DEFAULT, LIST_KEYS_MAX, MAX_ADDR_LEN, MAX_DATA_ADDRS, MAX_HEARTBEAT_LIST,
+    MAX_NODE_NAME, MAX_SEGMENT_BYTES,
+};
 use crate::error::Error;
-use crate::gate::{NotServing, ReadPath};
 use crate::grpc::convert;
-use crate::leader::CommitStep;
-use crate::node::Node;
+use crate::ops::Ops;
 use crate::types::{SegmentId, SegmentState, UnmountReason};
 
-/// Most keys in one batch call.
-pub const MAX_BATCH_KEYS: usize = 65_536;
-/// Largest value in the metadata KV.
-pub const MAX_META_VALUE: usize = 512 * 1024;
-
 pub struct MetadService {
-    pub node: Arc<Node>,
+    pub ops: Arc<Ops>,
 }
 
 type Reply<T> = Result<Response<T>, Status>;
-
-fn not_serving(n: NotServing) -> Status {
-    match n {
-        NotServing::NotLeader(hint) => not_leader(hint.as_ref()),
-        NotServing::NotReady(why) => Status::unavailable(format!("leader not ready: {why}")),
-    }
-}
 
 /// The gRPC status of an error that ends a whole call.
 fn status(e: Error) -> Status {
@@ -46,15 +37,16 @@ fn status(e: Error) -> Status {
         ),
         Error::InvalidArgument(m) => Status::invalid_argument(m),
         Error::NotFound { .. } => Status::not_found(e.to_string()),
-        Error::NotReady(m) => Status::unavailable(m),
-        Error::Raft(m) => Status::unavailable(format!("raft: {m}")),
+        Error::NotReady(_) | Error::NoLeaderState | Error::Raft(_) => {
+            Status::unavailable(e.to_string())
+        }
         other => Status::internal(other.to_string()),
     }
 }
 
 impl MetadService {
     fn count(&self, rpc: &'static str) {
-        self.node
+        self.ops
             .metrics
             .rpc_requests
             .with_label_values(&[rpc])
@@ -63,7 +55,7 @@ impl MetadService {
 
     fn failed<T>(&self, rpc: &'static str, r: Reply<T>) -> Reply<T> {
         if let Err(s) = &r {
-            self.node
+            self.ops
                 .metrics
                 .rpc_failures
                 .with_label_values(&[rpc, &format!("{:?}", s.code())])
@@ -73,179 +65,44 @@ impl MetadService {
     }
 
     async fn leader(&self) -> Result<(), Status> {
-        self.node
-            .gate
-            .require_leader()
-            .await
-            .map(|_| ())
-            .map_err(not_serving)
+        self.ops.leader().await.map(|_| ()).map_err(status)
     }
 
     async fn read(&self) -> Result<(), Status> {
-        match self.node.gate.read().await.map_err(not_serving)? {
-            ReadPath::Lease => {}
-            ReadPath::Quorum => self
-                .node
-                .metrics
-                .read_fallbacks
-                .with_label_values(&["quorum"])
-                .inc(),
-        }
-        Ok(())
+        self.ops.read().await.map_err(status)
     }
 
     async fn propose(&self, cmd: Command) -> Result<Outcome, Status> {
-        self.node.proposer.propose(cmd).await.map_err(status)
+        self.ops.propose(cmd).await.map_err(status)
     }
 
     fn check_keys(&self, keys: &[String]) -> Result<(), Status> {
-        if keys.len() > MAX_BATCH_KEYS {
-            return Err(Status::invalid_argument(format!(
-                "{} keys in one call; at most {MAX_BATCH_KEYS}",
-                keys.len()
-            )));
-        }
-        let max = self.node.settings.cache.max_key_len;
-        for k in keys {
-            if k.is_empty() {
-                return Err(Status::invalid_argument("empty key"));
-            }
-            if k.len() > max {
-                return Err(Status::invalid_argument(format!(
-                    "key of {} bytes exceeds the {max}-byte limit",
-                    k.len()
-                )));
-            }
-        }
-        Ok(())
+        self.ops.check_keys(keys).map_err(status)
     }
 
-    /// Reserves a batch; items that found no space get one eviction round and a retry.
     async fn reserve_items(
         &self,
         items: &[pb::ReserveRequest],
     ) -> Result<Vec<pb::ReserveResponse>, Status> {
-        if items.len() > MAX_BATCH_KEYS {
-            return Err(Status::invalid_argument(format!(
-                "{} items in one call; at most {MAX_BATCH_KEYS}",
-                items.len()
-            )));
-        }
-        self.leader().await?;
-        let mut out: Vec<Option<pb::ReserveResponse>> = vec![None; items.len()];
-        let mut retry = Vec::new();
-        let mut need = 0u64;
-        let evict = {
-            let now = self.node.clock.now();
-            let mut core = self.node.core.lock();
-            let Some((l, sm)) = core.leader_parts() else {
-                return Err(Status::unavailable("leader state not built yet"));
-            };
-            let leader_id = self.node.id;
-            for (i, it) in items.iter().enumerate() {
-                match l.reserve(sm, &convert::put_request(it), now) {
-                    Ok(r) => out[i] = Some(reserved(&r, leader_id)),
-                    Err(e @ Error::NoSpace { .. }) => {
-                        need += it.size.saturating_mul(
-                            it.options.as_ref().map(|o| o.replicas.max(1)).unwrap_or(1) as u64,
-                        );
-                        retry.push(i);
-                        out[i] = Some(refused(&e));
-                    }
-                    Err(e) => out[i] = Some(refused(&e)),
-                }
-            }
-            if retry.is_empty() {
-                None
-            } else {
-                l.eviction_due(sm, now, need)
-            }
-        };
-        if let Some(cmd) = evict {
-            if let Err(e) = self.propose(cmd).await {
-                tracing::warn!(error = %e, "eviction for a reservation failed");
-            }
-            let now = self.node.clock.now();
-            let mut core = self.node.core.lock();
-            if let Some((l, sm)) = core.leader_parts() {
-                for i in retry {
-                    out[i] = Some(match l.reserve(sm, &convert::put_request(&items[i]), now) {
-                        Ok(r) => reserved(&r, self.node.id),
-                        Err(e) => refused(&e),
-                    });
-                }
-            }
-        }
-        Ok(out.into_iter().map(|o| o.unwrap_or_default()).collect())
+        let reqs: Vec<_> = items.iter().map(convert::put_request).collect();
+        let out = self.ops.reserve(&reqs).await.map_err(status)?;
+        Ok(out
+            .iter()
+            .map(|r| convert::reserve_response(r, self.ops.id))
+            .collect())
     }
 
     async fn commit_items(
         &self,
         items: &[pb::CommitRequest],
     ) -> Result<Vec<pb::CommitResponse>, Status> {
-        if items.len() > MAX_BATCH_KEYS {
-            return Err(Status::invalid_argument(format!(
-                "{} items in one call; at most {MAX_BATCH_KEYS}",
-                items.len()
-            )));
-        }
-        self.leader().await?;
-        let now = self.node.clock.now();
-        let mut out: Vec<Option<pb::Status>> = vec![None; items.len()];
-        let mut proposals = Vec::new();
-        {
-            let mut core = self.node.core.lock();
-            let Some((l, _)) = core.leader_parts() else {
-                return Err(Status::unavailable("leader state not built yet"));
-            };
-            for (i, it) in items.iter().enumerate() {
-                let step = convert::version_from(it.version.as_ref())
-                    .and_then(|v| l.commit(v, it.checksum, now).map(|s| (v, s)));
-                match step {
-                    Ok((_, CommitStep::AlreadyCommitted)) => out[i] = Some(convert::ok()),
-                    Ok((v, CommitStep::Propose(cmd))) => proposals.push((i, v, cmd)),
-                    Err(e) => out[i] = Some(convert::status_of(&e)),
-                }
-            }
-        }
-        let cmds = proposals.iter().map(|(_, _, c)| c.clone()).collect();
-        let results = self.node.proposer.propose_all(cmds).await;
-        let mut first_err = None;
-        for ((i, v, _), r) in proposals.iter().zip(results) {
-            out[*i] = Some(match r {
-                Ok(Outcome::Committed) => convert::ok(),
-                Ok(Outcome::AlreadyExists) => pb::Status {
-                    code: pb::Code::AlreadyExists as i32,
-                    message: format!("key of reservation {v} already exists"),
-                },
-                Ok(Outcome::Conflict(why)) => pb::Status {
-                    code: pb::Code::Conflict as i32,
-                    message: why,
-                },
-                Ok(other) => pb::Status {
-                    code: pb::Code::Internal as i32,
-                    message: format!("unexpected outcome {other:?}"),
-                },
-                Err(e) => {
-                    if let Some((l, _)) = self.node.core.lock().leader_parts() {
-                        l.commit_failed(*v);
-                    }
-                    let s = convert::status_of(&e);
-                    first_err.get_or_insert(e);
-                    s
-                }
-            });
-        }
-        // A commit that could not be replicated (leadership lost) fails the call as a whole, so
-        // the writer starts over with a fresh reservation rather than trusting a partial answer.
-        if let Some(e) = first_err {
-            if items.len() == 1 {
-                return Err(status(e));
-            }
-        }
+        let items: Vec<_> = items.iter().map(convert::commit_item).collect();
+        let out = self.ops.commit(&items).await.map_err(status)?;
         Ok(out
-            .into_iter()
-            .map(|s| pb::CommitResponse { status: s })
+            .iter()
+            .map(|c| pb::CommitResponse {
+                status: Some(convert::committed(c)),
+            })
             .collect())
     }
 
@@ -254,10 +111,10 @@ impl MetadService {
         keys: &[String],
         requester: u64,
     ) -> Result<Vec<pb::ObjectPlacement>, Status> {
-        let now = self.node.clock.now();
-        let mut core = self.node.core.lock();
+        let now = self.ops.clock.now();
+        let mut core = self.ops.core.lock();
         let Some((l, sm)) = core.leader_parts() else {
-            return Err(Status::unavailable("leader state not built yet"));
+            return Err(status(Error::NoLeaderState));
         };
         Ok(l.get(sm, keys, requester, now)
             .iter()
@@ -270,54 +127,33 @@ impl MetadService {
     }
 
     fn members_reply(&self) -> pb::MembersResponse {
-        pb::MembersResponse {
-            members: self
-                .node
-                .members()
-                .into_iter()
-                .map(|(id, addr, voter)| pb::Member { id, addr, voter })
-                .collect(),
-        }
-    }
-}
-
-fn reserved(r: &crate::leader::Reserved, leader_id: u64) -> pb::ReserveResponse {
-    pb::ReserveResponse {
-        status: Some(convert::ok()),
-        reservation: Some(convert::reservation(r, leader_id)),
-    }
-}
-
-fn refused(e: &Error) -> pb::ReserveResponse {
-    pb::ReserveResponse {
-        status: Some(convert::status_of(e)),
-        reservation: None,
+        convert::members(&self.ops.members())
     }
 }
 
 fn validate_mount(r: &pb::MountSegmentRequest) -> Result<(), Status> {
     if r.node_name.is_empty()
-        || r.node_name.len() > 255
+        || r.node_name.len() > MAX_NODE_NAME
         || r.node_name.chars().any(|c| c.is_control())
     {
         return Err(Status::invalid_argument(format!(
-            "node name {:?} must be 1..=255 printable characters",
+            "node name {:?} must be 1..={MAX_NODE_NAME} printable characters",
             r.node_name
         )));
     }
-    if r.capacity > 1 << 50 {
+    if r.capacity > MAX_SEGMENT_BYTES {
         return Err(Status::invalid_argument(format!(
             "segment of {} bytes for {:?} is implausibly large",
             r.capacity, r.node_name
         )));
     }
-    if r.data_addrs.len() > 64 {
-        return Err(Status::invalid_argument(
-            "more than 64 data-plane addresses",
-        ));
+    if r.data_addrs.len() > MAX_DATA_ADDRS {
+        return Err(Status::invalid_argument(format!(
+            "more than {MAX_DATA_ADDRS} data-plane addresses"
+        )));
     }
     for a in &r.data_addrs {
-        if a.len() > 255 || !a.contains(':') {
+        if a.len() > MAX_ADDR_LEN || !a.contains(':') {
             return Err(Status::invalid_argument(format!(
                 "data-plane address {a:?} must be HOST:PORT"
             )));
@@ -342,12 +178,12 @@ impl Metad for MetadService {
                 node_id_hint: r.node_id,
                 capacity: r.capacity,
                 data_addrs: r.data_addrs,
-                now_ms: self.node.clock.now().wall_ms,
+                now_ms: self.ops.clock.now().wall_ms,
             };
             match self.propose(cmd).await? {
                 Outcome::Mounted { node_id, generation, dropped } => {
                     tracing::info!(node = %r.node_name, node_id, generation, capacity = r.capacity, dropped, "segment mounted");
-                    Ok(Response::new(pb::MountSegmentResponse { node_id, generation, term: self.node.gate.observed().term }))
+                    Ok(Response::new(pb::MountSegmentResponse { node_id, generation, term: self.ops.gate.observed().term }))
                 }
                 other => Err(Status::internal(format!("mount answered {other:?}"))),
             }
@@ -392,22 +228,22 @@ impl Metad for MetadService {
         self.count("heartbeat");
         let r = async {
             let r = req.into_inner();
-            if r.in_flight.len() > 1_000_000 || r.released.len() > 1_000_000 {
+            if r.in_flight.len() > MAX_HEARTBEAT_LIST || r.released.len() > MAX_HEARTBEAT_LIST {
                 return Err(Status::invalid_argument("heartbeat lists too long"));
             }
-            let obs = self.node.gate.require_leader().await.map_err(not_serving)?;
+            let obs = self.ops.leader().await.map_err(status)?;
             let hb = convert::heartbeat(&r);
-            let now = self.node.clock.now();
+            let now = self.ops.clock.now();
             let reply = {
-                let mut core = self.node.core.lock();
+                let mut core = self.ops.core.lock();
                 let Some((l, sm)) = core.leader_parts() else {
-                    return Err(Status::unavailable("leader state not built yet"));
+                    return Err(status(Error::NoLeaderState));
                 };
                 l.heartbeat(sm, &hb, now)
             };
             Ok(Response::new(pb::HeartbeatResponse {
                 term: obs.term,
-                leader_id: self.node.id,
+                leader_id: self.ops.id,
                 remount: reply.remount,
                 unmounted: reply.unmounted,
                 quarantined: reply
@@ -486,10 +322,7 @@ impl Metad for MetadService {
                     id: v.id,
                 })
                 .collect();
-            self.leader().await?;
-            if let Some((l, _)) = self.node.core.lock().leader_parts() {
-                l.abort(&versions);
-            }
+            self.ops.abort(&versions).await.map_err(status)?;
             Ok(Response::new(pb::AbortResponse {}))
         }
         .await;
@@ -535,7 +368,7 @@ impl Metad for MetadService {
             let r = req.into_inner();
             self.check_keys(&r.keys)?;
             self.read().await?;
-            let core = self.node.core.lock();
+            let core = self.ops.core.lock();
             Ok(Response::new(pb::ExistsResponse {
                 exists: r.keys.iter().map(|k| core.sm().contains(k)).collect(),
             }))
@@ -594,38 +427,7 @@ impl Metad for MetadService {
         self.count("stats");
         let r = async {
             self.read().await?;
-            let obs = self.node.gate.observed();
-            let members = self.members_reply().members;
-            let core = self.node.core.lock();
-            let sm = core.sm();
-            let c = sm.counters();
-            let (reservations, quarantined, leases) = core
-                .leader()
-                .map(|l| {
-                    (
-                        l.reservations().len(),
-                        l.reservations().quarantined(),
-                        l.leases().len(),
-                    )
-                })
-                .unwrap_or((0, 0, 0));
-            Ok(Response::new(pb::StatsResponse {
-                id: self.node.id,
-                leader_id: obs.leader.unwrap_or(0),
-                term: obs.term,
-                last_applied: obs.applied_index,
-                keys: sm.key_count() as u64,
-                bytes_used: sm.bytes_used(),
-                bytes_total: sm.bytes_total(),
-                segments: sm.segments().count() as u64,
-                evicted_objects: c.evicted_objects,
-                dead_node_dropped_objects: c.dead_node_dropped_objects,
-                members,
-                reservations: reservations as u64,
-                quarantined: quarantined as u64,
-                leases: leases as u64,
-                hard_pinned_bytes: sm.hard_pinned_bytes(),
-            }))
+            Ok(Response::new(convert::stats(&self.ops.stats())))
         }
         .await;
         self.failed("stats", r)
@@ -638,10 +440,10 @@ impl Metad for MetadService {
         self.count("list_segments");
         let r = async {
             self.read().await?;
-            let now = self.node.clock.now();
-            let core = self.node.core.lock();
+            let now = self.ops.clock.now();
+            let core = self.ops.core.lock();
             let Some(l) = core.leader() else {
-                return Err(Status::unavailable("leader state not built yet"));
+                return Err(status(Error::NoLeaderState));
             };
             let ttl = l.config().node_ttl_ms;
             let segments = core
@@ -678,18 +480,18 @@ impl Metad for MetadService {
         self.count("list_keys");
         let r = async {
             let r = req.into_inner();
-            let max = self.node.settings.cache.max_key_len;
+            let max = self.ops.cache.max_key_len;
             if r.prefix.len() > max || r.start_after.len() > max {
                 return Err(Status::invalid_argument(format!(
                     "prefix or start_after longer than {max} bytes"
                 )));
             }
             let limit = match r.limit {
-                0 => 1000,
-                n => (n as usize).min(10_000),
+                0 => LIST_KEYS_DEFAULT,
+                n => (n as usize).min(LIST_KEYS_MAX),
             };
             self.read().await?;
-            let core = self.node.core.lock();
+            let core = self.ops.core.lock();
             let page = core.sm().list_keys(&r.prefix, &r.start_after, limit + 1);
             let more = page.len() > limit;
             let keys: Vec<pb::KeyInfo> = page
@@ -730,7 +532,7 @@ impl Metad for MetadService {
             regolith_proto::client::parse_addrs(&r.addr)
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
             self.leader().await?;
-            let raft = &self.node.raft;
+            let raft = &self.ops.raft;
             tracing::info!(id = r.id, addr = %r.addr, "adding member: learner first");
             raft.add_learner(
                 r.id,
@@ -760,15 +562,15 @@ impl Metad for MetadService {
         let r = async {
             let id = req.into_inner().id;
             self.leader().await?;
-            let members = self.node.members();
-            if !members.iter().any(|(m, _, _)| *m == id) {
+            let members = self.ops.members();
+            if !members.iter().any(|m| m.id == id) {
                 return Err(Status::not_found(format!(
                     "member {id} is not in the cluster"
                 )));
             }
             let voters: BTreeSet<u64> = [id].into();
-            let raft = &self.node.raft;
-            let is_voter = members.iter().any(|(m, _, v)| *m == id && *v);
+            let raft = &self.ops.raft;
+            let is_voter = members.iter().any(|m| m.id == id && m.voter);
             let change = if is_voter {
                 ChangeMembers::RemoveVoters(voters)
             } else {
@@ -790,7 +592,7 @@ impl Metad for MetadService {
             let r = req.into_inner();
             self.leader().await?;
             let (segment, objects, timeout) = {
-                let core = self.node.core.lock();
+                let core = self.ops.core.lock();
                 let sm = core.sm();
                 let node = sm
                     .node_by_name(&r.node_name)
@@ -808,7 +610,7 @@ impl Metad for MetadService {
                     },
                 )
             };
-            let deadline_ms = self.node.clock.now().wall_ms + timeout;
+            let deadline_ms = self.ops.clock.now().wall_ms + timeout;
             match self
                 .propose(Command::DrainSegment {
                     segment,
@@ -836,18 +638,10 @@ impl Metad for MetadService {
         self.count("meta_get");
         let r = async {
             let key = req.into_inner().key;
-            self.check_keys(std::slice::from_ref(&key))?;
-            self.read().await?;
-            let core = self.node.core.lock();
-            Ok(Response::new(match core.sm().meta_get(&key) {
-                Some(v) => pb::MetaGetResponse {
-                    found: true,
-                    value: v.to_vec(),
-                },
-                None => pb::MetaGetResponse {
-                    found: false,
-                    value: Vec::new(),
-                },
+            let value = self.ops.meta_get(&key).await.map_err(status)?;
+            Ok(Response::new(pb::MetaGetResponse {
+                found: value.is_some(),
+                value: value.unwrap_or_default(),
             }))
         }
         .await;
@@ -858,25 +652,8 @@ impl Metad for MetadService {
         self.count("meta_put");
         let r = async {
             let r = req.into_inner();
-            self.check_keys(std::slice::from_ref(&r.key))?;
-            if r.value.len() > MAX_META_VALUE {
-                return Err(Status::invalid_argument(format!(
-                    "metadata value of {} bytes for {:?} exceeds {MAX_META_VALUE}",
-                    r.value.len(),
-                    r.key
-                )));
-            }
-            self.leader().await?;
-            match self
-                .propose(Command::MetaPut {
-                    key: r.key,
-                    value: r.value,
-                })
-                .await?
-            {
-                Outcome::Meta { existed } => Ok(Response::new(pb::MetaResponse { existed })),
-                other => Err(Status::internal(format!("meta_put answered {other:?}"))),
-            }
+            let existed = self.ops.meta_put(r.key, r.value).await.map_err(status)?;
+            Ok(Response::new(pb::MetaResponse { existed }))
         }
         .await;
         self.failed("meta_put", r)
@@ -886,12 +663,8 @@ impl Metad for MetadService {
         self.count("meta_delete");
         let r = async {
             let key = req.into_inner().key;
-            self.check_keys(std::slice::from_ref(&key))?;
-            self.leader().await?;
-            match self.propose(Command::MetaDelete { key }).await? {
-                Outcome::Meta { existed } => Ok(Response::new(pb::MetaResponse { existed })),
-                other => Err(Status::internal(format!("meta_delete answered {other:?}"))),
-            }
+            let existed = self.ops.meta_delete(key).await.map_err(status)?;
+            Ok(Response::new(pb::MetaResponse { existed }))
         }
         .await;
         self.failed("meta_delete", r)
