@@ -4,10 +4,12 @@ use regolith_proto::metad as pb;
 
 use crate::error::Error;
 use crate::leader::{Heartbeat, PinKind, PlacedReplica, Placement, PutRequest, Reserved};
+use crate::ops::get::KeyInfo;
 use crate::ops::put::{CommitItem, Committed};
+use crate::ops::segments::SegmentView;
 use crate::ops::stats::Stats;
 use crate::ops::Member;
-use crate::types::{Extent, SegmentId, Version};
+use crate::types::{Extent, Pin, SegmentId, SegmentState, Version};
 
 pub fn version(v: Version) -> pb::Version {
     pb::Version {
@@ -138,6 +140,38 @@ pub fn stats(st: &Stats) -> pb::StatsResponse {
         quarantined: s.quarantined,
         leases: s.leases,
         hard_pinned_bytes: s.hard_pinned_bytes,
+    }
+}
+
+pub fn segment_info(v: &SegmentView) -> pb::SegmentInfo {
+    let s = &v.segment;
+    pb::SegmentInfo {
+        node_id: s.id.node,
+        node_name: s.name.clone(),
+        generation: s.id.generation,
+        capacity: s.capacity,
+        used: s.used,
+        data_addrs: s.data_addrs.clone(),
+        state: match s.state {
+            SegmentState::Active => pb::SegmentState::SegmentActive as i32,
+            SegmentState::Draining { .. } => pb::SegmentState::SegmentDraining as i32,
+        },
+        last_heartbeat_ms_ago: v.silence_ms,
+        alive: v.alive,
+        objects: s.objects,
+    }
+}
+
+pub fn key_info(k: &KeyInfo) -> pb::KeyInfo {
+    pb::KeyInfo {
+        key: k.key.clone(),
+        size: k.size,
+        replicas: k.replicas,
+        pin: match k.pin {
+            Pin::None => pb::PinKind::PinNone as i32,
+            Pin::Soft { .. } => pb::PinKind::PinSoft as i32,
+            Pin::Hard => pb::PinKind::PinHard as i32,
+        },
     }
 }
 

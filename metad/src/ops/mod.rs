@@ -6,15 +6,23 @@
 //! One file per family, as mini-redis keeps one file per command:
 //! * [`put`] — reserve (with one eviction round on no space), commit (batched into one
 //!   proposal round, with the rule for a failed replication), abort.
+//! * [`get`] — placements with read leases, existence, the key listing.
+//! * [`remove`] — remove keys, remove all.
 //! * [`meta`] — the metadata KV: get, put, delete.
+//! * [`segments`] — mount, unmount, heartbeat, drain, list segments.
+//! * [`members`] — Raft membership changes.
 //! * [`stats`] — the snapshot of the store and of Raft that `Stats`, `/status`, `/metrics` and
 //!   the summary log all show.
 //!
 //! This module holds [`Ops`], the handles an operation needs, and the checks they share: the
 //! leader and read gates and the key limits.
 
+pub mod get;
+pub mod members;
 pub mod meta;
 pub mod put;
+pub mod remove;
+pub mod segments;
 pub mod stats;
 
 use std::collections::BTreeSet;
