@@ -324,3 +324,68 @@ fn query_key(req: &Request<Incoming>) -> Option<String> {
         .find(|(k, _)| k == "key")
         .map(|(_, v)| v.into_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::Observed;
+    use crate::ops::stats::Store;
+    use crate::ops::Member;
+
+    #[test]
+    fn status_document_carries_the_contract_fields() {
+        let st = Stats {
+            id: 2,
+            raft: Observed {
+                at: std::time::Instant::now(),
+                state: openraft::ServerState::Leader,
+                term: 3,
+                leader: Some(2),
+                leader_addr: Some("127.0.0.1:50051".into()),
+                quorum_ack_ms: Some(1),
+                applied_term: Some(3),
+                applied_index: 10,
+                last_log_index: 11,
+                ready_floor: 9,
+            },
+            members: vec![Member {
+                id: 2,
+                addr: "127.0.0.1:50051".into(),
+                voter: true,
+            }],
+            store: Store {
+                keys: 4,
+                bytes_used: 5,
+                bytes_total: 6,
+                segments: 1,
+                evicted_objects: 7,
+                dead_node_dropped_objects: 8,
+                ..Default::default()
+            },
+        };
+        let v = status_json(&st);
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "id": 2, "role": "leader", "leader_id": 2, "term": 3, "last_applied": 10,
+                "last_log_index": 11,
+                "members": [{"id": 2, "addr": "127.0.0.1:50051", "voter": true}],
+                "keys": 4, "bytes_used": 5, "bytes_total": 6, "segments": 1,
+                "evicted_objects": 7, "dead_node_dropped_objects": 8, "leader_ready": true,
+            })
+        );
+        let follower = Stats {
+            raft: Observed {
+                state: openraft::ServerState::Follower,
+                leader: None,
+                ..st.raft.clone()
+            },
+            ..st
+        };
+        let v = status_json(&follower);
+        assert_eq!(
+            (&v["role"], &v["leader_id"], &v["leader_ready"]),
+            (&"follower".into(), &serde_json::Value::Null, &false.into())
+        );
+    }
+}
