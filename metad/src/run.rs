@@ -124,10 +124,6 @@ impl Replica {
         Ok(Self { node, listeners })
     }
 
-    pub fn node(&self) -> &Arc<node::Node> {
-        &self.node
-    }
-
     /// Serves until `shutdown` fires, then stops Raft and flushes storage.
     pub async fn serve(self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
         let Self { node, listeners } = self;

@@ -24,7 +24,7 @@ pub struct MetadService {
 type Reply<T> = Result<Response<T>, Status>;
 
 /// The gRPC status of an error that ends a whole call.
-pub fn status(e: Error) -> Status {
+fn status(e: Error) -> Status {
     match e {
         Error::NotLeader { leader } => {
             not_leader(leader.map(|(id, addr)| LeaderHint { id, addr }).as_ref())
