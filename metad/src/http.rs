@@ -189,7 +189,11 @@ struct MetaKv {
 fn leader_moved(e: &Error) -> bool {
     matches!(
         e,
-        Error::NotLeader { .. } | Error::NotReady(_) | Error::NoLeaderState | Error::Raft(_)
+        Error::NotLeader { .. }
+            | Error::NotReady(_)
+            | Error::NoLeaderState
+            | Error::Raft(_)
+            | Error::Unavailable(_)
     )
 }
 
