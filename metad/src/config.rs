@@ -1,6 +1,27 @@
-//! The cache knobs of the leader's policy (design §4–6). Flags and the TOML file map onto this.
+//! The cache knobs of the leader's policy (design §4–6), which flags and the TOML file map onto,
+//! and the fixed limits on what one request may carry.
 
 use serde::{Deserialize, Serialize};
+
+/// Most keys (or items) in one batch call: `BatchReserve`, `BatchCommit`, `BatchGet`, `Exists`,
+/// `Remove`.
+pub const MAX_BATCH_KEYS: usize = 65_536;
+/// Largest value in the metadata KV (gRPC `MetaPut` and the HTTP body alike).
+pub const MAX_META_VALUE: usize = 512 * 1024;
+/// Most commands the proposer coalesces into one Raft entry (`--max-entry-bytes` caps its bytes).
+pub const MAX_BATCH_COMMANDS: usize = 4096;
+/// Most in-flight or released reservations one heartbeat may list.
+pub const MAX_HEARTBEAT_LIST: usize = 1_000_000;
+/// `ListKeys` page size when the request names none, and the largest page it may ask for.
+pub const LIST_KEYS_DEFAULT: usize = 1000;
+pub const LIST_KEYS_MAX: usize = 10_000;
+/// A node name is 1..=this many printable characters.
+pub const MAX_NODE_NAME: usize = 255;
+/// A segment larger than this (1 PiB) is refused as implausible.
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 50;
+/// Most data-plane addresses a segment may announce, and the longest one.
+pub const MAX_DATA_ADDRS: usize = 64;
+pub const MAX_ADDR_LEN: usize = 255;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

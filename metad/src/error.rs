@@ -36,6 +36,23 @@ pub enum Error {
     NotLeader { leader: Option<(u64, String)> },
     #[error("leader not ready: {0}")]
     NotReady(String),
+    /// Leader by Raft's account, but the core's leader state (shadow allocator, reservations)
+    /// is not built yet.
+    #[error("leader state not built yet")]
+    NoLeaderState,
+    /// A command was applied but answered something its caller does not expect (a bug).
+    #[error("{0}")]
+    Internal(String),
+    /// A named node, segment or member that does not exist (the message names it).
+    #[error("{0}")]
+    NoSuch(String),
+    /// The request is valid but the cluster's state refuses it now (a membership change
+    /// openraft refused, a drain that did not take).
+    #[error("{0}")]
+    Precondition(String),
+    /// This replica cannot serve the request now (openraft stopped).
+    #[error("{0}")]
+    Unavailable(String),
     #[error("raft: {0}")]
     Raft(String),
     #[error("storage at {path}: {reason}")]

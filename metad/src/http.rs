@@ -4,11 +4,14 @@
 //! leader is known), `/status` (JSON). With `--enable-http-metadata-server`, on
 //! `--http-metadata-addr`: the Mooncake-compatible metadata KV at `/metadata?key=K` (`GET` 200
 //! with the body or 404, `PUT` stores the body, `DELETE`), replicated through Raft: any replica
-//! accepts the request and forwards it to the leader over gRPC.
+//! accepts the request. The leader answers it with [`crate::ops`] directly; another replica
+//! forwards it to the leader over one kept gRPC client (which follows redirects and retries
+//! across elections), as does a leader that lost its office during the call.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -22,9 +25,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::config::MAX_META_VALUE;
 use crate::error::{Error, Result};
-use crate::grpc::metad::MAX_META_VALUE;
 use crate::node::Node;
+use crate::ops::stats::Stats;
 
 type Body = Full<Bytes>;
 
@@ -113,15 +117,15 @@ fn metrics_route(node: &Node, req: Request<Incoming>) -> Response<Body> {
             node.refresh_metrics();
             Response::builder()
                 .header("content-type", "text/plain; version=0.0.4")
-                .body(Full::new(Bytes::from(node.metrics.render())))
+                .body(Full::new(Bytes::from(node.ops.metrics.render())))
                 .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, ""))
         }
         "/health" => text(StatusCode::OK, "ok\n"),
-        "/ready" => match node.gate.observed().leader {
+        "/ready" => match node.ops.gate.observed().leader {
             Some(l) => text(StatusCode::OK, format!("ready: leader {l}\n")),
             None => text(StatusCode::SERVICE_UNAVAILABLE, "no leader known\n"),
         },
-        "/status" => json(&status_json(node)),
+        "/status" => json(&status_json(&node.ops.stats())),
         _ => text(
             StatusCode::NOT_FOUND,
             "endpoints: /metrics /health /ready /status\n",
@@ -131,29 +135,28 @@ fn metrics_route(node: &Node, req: Request<Incoming>) -> Response<Body> {
 
 /// The `/status` document (fields are a contract: `id`, `role`, `leader_id`, `term`,
 /// `last_applied`, `members`, `keys`, `bytes_used`, `bytes_total`).
-pub fn status_json(node: &Node) -> serde_json::Value {
-    let obs = node.gate.observed();
-    let members: Vec<serde_json::Value> = node
-        .members()
-        .into_iter()
-        .map(|(id, addr, voter)| serde_json::json!({"id": id, "addr": addr, "voter": voter}))
+pub fn status_json(st: &Stats) -> serde_json::Value {
+    let obs = &st.raft;
+    let members: Vec<serde_json::Value> = st
+        .members
+        .iter()
+        .map(|m| serde_json::json!({"id": m.id, "addr": m.addr, "voter": m.voter}))
         .collect();
-    let core = node.core.lock();
-    let sm = core.sm();
+    let s = &st.store;
     serde_json::json!({
-        "id": node.id,
+        "id": st.id,
         "role": format!("{:?}", obs.state).to_lowercase(),
         "leader_id": obs.leader,
         "term": obs.term,
         "last_applied": obs.applied_index,
         "last_log_index": obs.last_log_index,
         "members": members,
-        "keys": sm.key_count(),
-        "bytes_used": sm.bytes_used(),
-        "bytes_total": sm.bytes_total(),
-        "segments": sm.segments().count(),
-        "evicted_objects": sm.counters().evicted_objects,
-        "dead_node_dropped_objects": sm.counters().dead_node_dropped_objects,
+        "keys": s.keys,
+        "bytes_used": s.bytes_used,
+        "bytes_total": s.bytes_total,
+        "segments": s.segments,
+        "evicted_objects": s.evicted_objects,
+        "dead_node_dropped_objects": s.dead_node_dropped_objects,
         "leader_ready": obs.ready_leader(),
     })
 }
@@ -163,24 +166,160 @@ pub fn serve_metadata_kv(
     listener: TcpListener,
     shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
+    let kv = Arc::new(MetaKv {
+        node,
+        forward: OnceLock::new(),
+    });
     serve(listener, "http metadata", shutdown, move |req| {
-        let node = node.clone();
-        async move { metadata_route(&node, req).await }
+        let kv = kv.clone();
+        async move { kv.route(req).await }
     })
 }
 
-/// A client that follows the leader, seeded with this replica and every known member.
-fn forwarder(node: &Node) -> std::result::Result<MetadClient, String> {
-    let mut addrs = vec![node.settings.advertise.clone()];
-    for (_, a, _) in node.members() {
-        if !addrs.contains(&a) {
-            addrs.push(a);
-        }
+/// The metadata KV front: this replica's operations, and the client that forwards to the
+/// leader when this replica is not it.
+struct MetaKv {
+    node: Arc<Node>,
+    /// Built on the first forwarded request, then kept (its connections with it).
+    forward: OnceLock<std::result::Result<MetadClient, String>>,
+}
+
+/// Errors after which the leader may be elsewhere now: the call is forwarded (the old path's
+/// client would have retried them too).
+fn leader_moved(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::NotLeader { .. }
+            | Error::NotReady(_)
+            | Error::NoLeaderState
+            | Error::Raft(_)
+            | Error::Unavailable(_)
+    )
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Response<Body> {
+    text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"))
+}
+
+impl MetaKv {
+    /// A client that follows the leader, seeded with this replica and every member known when
+    /// it is built.
+    fn forwarder(&self) -> std::result::Result<&MetadClient, String> {
+        self.forward
+            .get_or_init(|| {
+                let settings = &self.node.settings;
+                let mut addrs = vec![settings.advertise.clone()];
+                for m in self.node.ops.members() {
+                    if !addrs.contains(&m.addr) {
+                        addrs.push(m.addr);
+                    }
+                }
+                let mut cfg = ClientConfig::new(addrs);
+                cfg.token = settings.token.clone();
+                cfg.retry_deadline = std::time::Duration::from_secs(5);
+                MetadClient::new(cfg).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
-    let mut cfg = ClientConfig::new(addrs);
-    cfg.token = node.settings.token.clone();
-    cfg.retry_deadline = std::time::Duration::from_secs(5);
-    MetadClient::new(cfg).map_err(|e| e.to_string())
+
+    /// `direct` on this replica while it leads; otherwise (or when leadership moved during
+    /// it) `forward` over the kept client. The error is the HTTP answer.
+    async fn call<T, D, DF, F, FF>(
+        &self,
+        direct: D,
+        forward: F,
+    ) -> std::result::Result<T, Response<Body>>
+    where
+        D: FnOnce() -> DF,
+        DF: Future<Output = Result<T>>,
+        F: FnOnce(MetadClient) -> FF,
+        FF: Future<Output = regolith_proto::Result<T>>,
+    {
+        if self.node.ops.gate.observed().state == openraft::ServerState::Leader {
+            match direct().await {
+                Ok(v) => return Ok(v),
+                Err(e) if !leader_moved(&e) => return Err(unavailable(e)),
+                Err(e) => tracing::debug!(error = %e, "metadata KV: forwarding to the leader"),
+            }
+        }
+        let client = self
+            .forwarder()
+            .map_err(|e| text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")))?;
+        forward(client.clone()).await.map_err(unavailable)
+    }
+
+    async fn route(&self, req: Request<Incoming>) -> Response<Body> {
+        if req.uri().path() != "/metadata" {
+            return text(StatusCode::NOT_FOUND, "use /metadata?key=KEY\n");
+        }
+        let Some(key) = query_key(&req) else {
+            return text(StatusCode::BAD_REQUEST, "missing ?key=\n");
+        };
+        let max_key_len = self.node.ops.cache.max_key_len;
+        if key.is_empty() || key.len() > max_key_len {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("key must be 1..={max_key_len} bytes\n"),
+            );
+        }
+        let ops = &self.node.ops;
+        let key = key.as_str();
+        let answer = match *req.method() {
+            Method::GET => self
+                .call(
+                    || ops.meta_get(key),
+                    |c| async move { c.meta_get(key).await },
+                )
+                .await
+                .map(|v| match v {
+                    Some(v) => Response::builder()
+                        .header("content-type", "application/octet-stream")
+                        .body(Full::new(Bytes::from(v)))
+                        .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "")),
+                    None => text(StatusCode::NOT_FOUND, "metadata not found\n"),
+                }),
+            Method::PUT | Method::POST => {
+                let body = match Limited::new(req.into_body(), MAX_META_VALUE)
+                    .collect()
+                    .await
+                {
+                    Ok(b) => b.to_bytes(),
+                    Err(e) => {
+                        return text(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            format!("body rejected (limit {MAX_META_VALUE} bytes): {e}\n"),
+                        )
+                    }
+                };
+                let direct = {
+                    let body = body.clone();
+                    move || async move { ops.meta_put(key.into(), body.to_vec()).await.map(|_| ()) }
+                };
+                self.call(
+                    direct,
+                    |c| async move { c.meta_put(key, body.to_vec()).await },
+                )
+                .await
+                .map(|()| text(StatusCode::OK, "metadata updated\n"))
+            }
+            Method::DELETE => self
+                .call(
+                    || ops.meta_delete(key.into()),
+                    |c| async move { c.meta_delete(key).await },
+                )
+                .await
+                .map(|existed| {
+                    if existed {
+                        text(StatusCode::OK, "metadata deleted\n")
+                    } else {
+                        text(StatusCode::NOT_FOUND, "metadata not found\n")
+                    }
+                }),
+            _ => return text(StatusCode::METHOD_NOT_ALLOWED, "GET, PUT or DELETE\n"),
+        };
+        answer.unwrap_or_else(|r| r)
+    }
 }
 
 fn query_key(req: &Request<Incoming>) -> Option<String> {
@@ -190,60 +329,67 @@ fn query_key(req: &Request<Incoming>) -> Option<String> {
         .map(|(_, v)| v.into_owned())
 }
 
-async fn metadata_route(node: &Node, req: Request<Incoming>) -> Response<Body> {
-    if req.uri().path() != "/metadata" {
-        return text(StatusCode::NOT_FOUND, "use /metadata?key=KEY\n");
-    }
-    let Some(key) = query_key(&req) else {
-        return text(StatusCode::BAD_REQUEST, "missing ?key=\n");
-    };
-    if key.is_empty() || key.len() > node.settings.cache.max_key_len {
-        return text(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "key must be 1..={} bytes\n",
-                node.settings.cache.max_key_len
-            ),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::Observed;
+    use crate::ops::stats::Store;
+    use crate::ops::Member;
+
+    #[test]
+    fn status_document_carries_the_contract_fields() {
+        let st = Stats {
+            id: 2,
+            raft: Observed {
+                at: std::time::Instant::now(),
+                state: openraft::ServerState::Leader,
+                term: 3,
+                leader: Some(2),
+                leader_addr: Some("127.0.0.1:50051".into()),
+                quorum_ack_ms: Some(1),
+                applied_term: Some(3),
+                applied_index: 10,
+                last_log_index: 11,
+                ready_floor: 9,
+            },
+            members: vec![Member {
+                id: 2,
+                addr: "127.0.0.1:50051".into(),
+                voter: true,
+            }],
+            store: Store {
+                keys: 4,
+                bytes_used: 5,
+                bytes_total: 6,
+                segments: 1,
+                evicted_objects: 7,
+                dead_node_dropped_objects: 8,
+                ..Default::default()
+            },
+        };
+        let v = status_json(&st);
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "id": 2, "role": "leader", "leader_id": 2, "term": 3, "last_applied": 10,
+                "last_log_index": 11,
+                "members": [{"id": 2, "addr": "127.0.0.1:50051", "voter": true}],
+                "keys": 4, "bytes_used": 5, "bytes_total": 6, "segments": 1,
+                "evicted_objects": 7, "dead_node_dropped_objects": 8, "leader_ready": true,
+            })
         );
-    }
-    let client = match forwarder(node) {
-        Ok(c) => c,
-        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
-    };
-    let unavailable =
-        |e: regolith_proto::Error| text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"));
-    match *req.method() {
-        Method::GET => match client.meta_get(&key).await {
-            Ok(Some(v)) => Response::builder()
-                .header("content-type", "application/octet-stream")
-                .body(Full::new(Bytes::from(v)))
-                .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "")),
-            Ok(None) => text(StatusCode::NOT_FOUND, "metadata not found\n"),
-            Err(e) => unavailable(e),
-        },
-        Method::PUT | Method::POST => {
-            let body = match Limited::new(req.into_body(), MAX_META_VALUE)
-                .collect()
-                .await
-            {
-                Ok(b) => b.to_bytes(),
-                Err(e) => {
-                    return text(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        format!("body rejected (limit {MAX_META_VALUE} bytes): {e}\n"),
-                    )
-                }
-            };
-            match client.meta_put(&key, body.to_vec()).await {
-                Ok(()) => text(StatusCode::OK, "metadata updated\n"),
-                Err(e) => unavailable(e),
-            }
-        }
-        Method::DELETE => match client.meta_delete(&key).await {
-            Ok(true) => text(StatusCode::OK, "metadata deleted\n"),
-            Ok(false) => text(StatusCode::NOT_FOUND, "metadata not found\n"),
-            Err(e) => unavailable(e),
-        },
-        _ => text(StatusCode::METHOD_NOT_ALLOWED, "GET, PUT or DELETE\n"),
+        let follower = Stats {
+            raft: Observed {
+                state: openraft::ServerState::Follower,
+                leader: None,
+                ..st.raft.clone()
+            },
+            ..st
+        };
+        let v = status_json(&follower);
+        assert_eq!(
+            (&v["role"], &v["leader_id"], &v["leader_ready"]),
+            (&"follower".into(), &serde_json::Value::Null, &false.into())
+        );
     }
 }

@@ -9,7 +9,8 @@
 //! * [`leader`] — leader-only logic: shadow allocator, reservations, leases, placement,
 //!   eviction, liveness.
 //! * [`core`] — the state machine and the leader state under one lock.
-//! * [`config`] — the cache knobs and the clock pair the core is given.
+//! * [`config`] — the cache knobs, the limits on one request, and the clock pair the core is
+//!   given.
 //! * [`error`] — the crate's error enum.
 //!
 //! The edges (tokio, tonic, hyper, sled through `raft-log`):
@@ -17,12 +18,20 @@
 //! * [`network`] — Raft messages between replicas over gRPC, capped by bytes.
 //! * [`proposer`] — group commit: concurrent proposals coalesced into one entry.
 //! * [`gate`] — when reads may be served from the applied state (design §5); leadership changes.
-//! * [`grpc`] — the `Metad` and `Raft` gRPC services.
-//! * [`http`] — `/metrics`, `/health`, `/ready`, `/status` and the HTTP metadata KV.
+//! * [`ops`] — the operations, free of any transport: reserve with eviction, commit batching,
+//!   reads, removal, segments, membership, the metadata KV, the stats snapshot.
+//! * [`grpc`] — the `Metad` and `Raft` gRPC services: wire ↔ [`ops`], errors → `Status`.
+//! * [`http`] — `/metrics`, `/health`, `/ready`, `/status` and the HTTP metadata KV (on
+//!   [`ops`] when leader, forwarded over one kept client otherwise).
 //! * [`metrics`] — Prometheus metrics.
-//! * [`node`] — a running replica: wires everything, housekeeping, shutdown.
-//! * [`args`] — flags, TOML file, `REGOLITH_*` environment; [`run`] — the process entry point.
+//! * [`node`] — a running replica: storage, Raft and the [`ops`] handles, housekeeping, the
+//!   summary log.
+//! * [`args`] — flags, TOML file, `REGOLITH_*` environment; [`run`] — the process entry point,
+//!   the listeners (bound before storage and Raft) and the servers on them.
 //! * [`clock`] — the clocks handed to the core.
+//!
+//! Imports point one way (`run` → `grpc`, `http`, `node`; `http` → `node` → `ops`; `grpc` →
+//! `ops` → the core): no module imports one that imports it back.
 
 pub mod alloc;
 pub mod args;
@@ -39,6 +48,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod objects;
+pub mod ops;
 pub mod proposer;
 pub mod raft_types;
 pub mod run;

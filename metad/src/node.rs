@@ -1,5 +1,6 @@
-//! A running metad replica: storage, Raft, the core, the group-commit proposer, the read gate,
-//! the periodic leader work, the gRPC and HTTP listeners, and clean shutdown.
+//! A running metad replica: storage, Raft, the core, the group-commit proposer, the read gate
+//! (together the [`Ops`] the services call), the periodic leader work and the summary log.
+//! The listeners and the servers on them are `run.rs`'s.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,12 +8,9 @@ use std::time::Duration;
 
 use openraft::BasicNode;
 use parking_lot::Mutex;
-use regolith_proto::auth::{TokenCheck, TokenInterceptor};
-use regolith_proto::metad::metad_server::MetadServer;
-use regolith_proto::raft::raft_server::RaftServer;
+use regolith_proto::auth::TokenInterceptor;
 use regolith_raft_log::{StorageConfig, StorageStats};
 use tokio::sync::watch;
-use tonic::service::interceptor::InterceptedService;
 
 use crate::args::Settings;
 use crate::clock::Clock;
@@ -20,10 +18,9 @@ use crate::command::Command;
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::gate::Gate;
-use crate::grpc::metad::MetadService;
-use crate::grpc::raft::RaftService;
 use crate::metrics::Metrics;
 use crate::network::Network;
+use crate::ops::Ops;
 use crate::proposer::Proposer;
 use crate::raft_types::Raft;
 use crate::sm::MetadSm;
@@ -35,52 +32,18 @@ const TICK: Duration = Duration::from_millis(100);
 /// Period of the one-line summary log.
 const SUMMARY_EVERY: Duration = Duration::from_secs(10);
 
-/// The sockets a replica serves on. They are bound first thing in [`Node::start`], before
-/// storage opens or Raft runs: a port already taken fails the start before this replica votes
-/// or bootstraps a cluster, and none of its own outgoing connections (Raft's, to its peers) can
-/// be handed one of its ports by the kernel in between.
-pub struct Listeners {
-    grpc: tokio::net::TcpListener,
-    metrics: tokio::net::TcpListener,
-    kv: Option<tokio::net::TcpListener>,
-}
-
-impl Listeners {
-    async fn bind(settings: &Settings) -> Result<Self> {
-        let grpc = tokio::net::TcpListener::bind(settings.listen)
-            .await
-            .map_err(|e| Error::Io {
-                what: format!("gRPC listen {}", settings.listen),
-                source: e,
-            })?;
-        let metrics = crate::http::bind(settings.metrics_addr, "metrics").await?;
-        let kv = match settings.http_metadata_addr {
-            Some(addr) => Some(crate::http::bind(addr, "http metadata").await?),
-            None => None,
-        };
-        Ok(Self { grpc, metrics, kv })
-    }
-}
-
-/// Shared state of one replica, handed to the services.
+/// Shared state of one replica.
 pub struct Node {
-    pub id: u64,
     pub settings: Settings,
-    pub raft: Raft,
-    pub core: Arc<Mutex<Core>>,
-    pub proposer: Proposer,
-    pub gate: Gate,
-    pub metrics: Arc<Metrics>,
-    pub clock: Clock,
+    /// Raft, the core and the gates: what the services call.
+    pub ops: Arc<Ops>,
     pub storage: Arc<StorageStats>,
-    /// Taken by [`Node::serve`].
-    listeners: Mutex<Option<Listeners>>,
 }
 
 impl Node {
     /// Opens storage and starts Raft (bootstrapping when asked and the data dir is empty).
+    /// The caller binds its listeners before (`run::Listeners`).
     pub async fn start(settings: Settings) -> Result<Arc<Node>> {
-        let listeners = Listeners::bind(&settings).await?;
         let dir = settings.data_dir.clone();
         std::fs::create_dir_all(&dir).map_err(|e| Error::Io {
             what: format!("data dir {}", dir.display()),
@@ -158,80 +121,34 @@ impl Node {
             READY_WAIT,
         );
         let proposer = Proposer::start(raft.clone(), metrics.clone(), settings.max_entry_bytes, 4);
-        Ok(Arc::new(Node {
+        let ops = Arc::new(Ops {
             id: settings.id,
-            settings,
+            cache: settings.cache.clone(),
             raft,
             core,
             proposer,
             gate,
             metrics,
             clock,
+        });
+        Ok(Arc::new(Node {
+            settings,
+            ops,
             storage,
-            listeners: Mutex::new(Some(listeners)),
         }))
     }
 
-    /// Serves until `shutdown` fires, then stops Raft and flushes storage.
-    pub async fn serve(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) -> Result<()> {
-        let check = TokenCheck::new(self.settings.token.clone());
-        let max = self.settings.raft_max_message_bytes + 64 * 1024;
-        let metad = MetadServer::new(MetadService { node: self.clone() })
-            .max_decoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES);
-        let raft = RaftServer::new(RaftService {
-            raft: self.raft.clone(),
-        })
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max);
-        // The token is checked before a request body is read.
-        let metad = InterceptedService::new(metad, check.clone());
-        let raft = InterceptedService::new(raft, check);
-        let Some(listeners) = self.listeners.lock().take() else {
-            return Err(Error::Config("this replica is already serving".into()));
-        };
-        let listener = listeners.grpc;
-        tracing::info!(addr = %self.settings.listen, id = self.id, "gRPC listening");
-        // tonic sets TCP_NODELAY only on sockets it accepts itself; these are ours. Without it,
-        // Nagle's algorithm and delayed ACKs add ~40 ms to any reply larger than one segment.
-        let incoming = tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            |s| {
-                s.inspect(|s| {
-                    if let Err(e) = s.set_nodelay(true) {
-                        tracing::debug!(error = %e, "TCP_NODELAY");
-                    }
-                })
-            },
-        );
-        let mut sd = shutdown.clone();
-        let grpc = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            .add_service(metad)
-            .add_service(raft)
-            .serve_with_incoming_shutdown(incoming, async move {
-                let _ = sd.wait_for(|s| *s).await;
-            });
-        let http = crate::http::serve_metrics(self.clone(), listeners.metrics, shutdown.clone());
-        let kv = listeners
-            .kv
-            .map(|l| crate::http::serve_metadata_kv(self.clone(), l, shutdown.clone()));
+    /// Starts the background work: the leader's housekeeping and the summary log.
+    pub fn spawn_background(self: &Arc<Self>, shutdown: &watch::Receiver<bool>) {
         tokio::spawn(self.clone().housekeeping(shutdown.clone()));
         tokio::spawn(self.clone().summary_log(shutdown.clone()));
-        if let Err(e) = grpc.await {
-            tracing::error!(error = %e, "gRPC server failed");
-        }
-        let _ = shutdown.wait_for(|s| *s).await;
-        tracing::info!("shutting down: stopping raft");
-        let _ = http.await;
-        if let Some(kv) = kv {
-            let _ = kv.await;
-        }
-        if let Err(e) = self.raft.shutdown().await {
+    }
+
+    /// Stops Raft (its storage is flushed).
+    pub async fn stop(&self) {
+        if let Err(e) = self.ops.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
-        tracing::info!("stopped");
-        Ok(())
     }
 
     /// The leader's periodic work: expiries, lease holds, liveness, drains, TTLs, eviction.
@@ -245,10 +162,10 @@ impl Node {
                 _ = shutdown.wait_for(|s| *s) => return,
             }
             self.snapshot_if_log_grew(&mut snapshot_mark).await;
-            let lease_ok = self.gate.lease_ok();
-            let now = self.clock.now();
+            let lease_ok = self.ops.gate.lease_ok();
+            let now = self.ops.clock.now();
             let cmds: Vec<Command> = {
-                let mut core = self.core.lock();
+                let mut core = self.ops.core.lock();
                 match core.leader_parts() {
                     Some((l, sm)) => l.tick(sm, now, lease_ok),
                     None => continue,
@@ -257,7 +174,7 @@ impl Node {
             if cmds.is_empty() {
                 continue;
             }
-            let proposer = self.proposer.clone();
+            let proposer = self.ops.proposer.clone();
             tokio::spawn(async move {
                 for r in proposer.propose_all(cmds).await {
                     if let Err(e) = r {
@@ -280,7 +197,7 @@ impl Node {
             appended,
             "log grew past --snapshot-bytes: building a snapshot"
         );
-        if let Err(e) = self.raft.trigger().snapshot().await {
+        if let Err(e) = self.ops.raft.trigger().snapshot().await {
             tracing::warn!(error = %e, "could not trigger a snapshot");
         }
     }
@@ -293,35 +210,31 @@ impl Node {
                 _ = tick.tick() => {}
                 _ = shutdown.wait_for(|s| *s) => return,
             }
-            let obs = self.gate.observed();
-            let core = self.core.lock();
-            let sm = core.sm();
-            let (res, quarantined) = core
-                .leader()
-                .map(|l| (l.reservations().len(), l.reservations().quarantined()))
-                .unwrap_or((0, 0));
+            let st = self.ops.stats();
+            let (obs, s) = (&st.raft, &st.store);
             tracing::info!(
                 "Storage: {} / {} | Keys: {} | Segments: {} | Role: {:?} term {} leader {:?} | Applied: {} | Reservations: {} ({} quarantined) | Evicted: {} | Dead-node drops: {}",
-                regolith_proto::units::format_size(sm.bytes_used()),
-                regolith_proto::units::format_size(sm.bytes_total()),
-                sm.key_count(),
-                sm.segments().count(),
+                regolith_proto::units::format_size(s.bytes_used),
+                regolith_proto::units::format_size(s.bytes_total),
+                s.keys,
+                s.segments,
                 obs.state,
                 obs.term,
                 obs.leader,
                 obs.applied_index,
-                res,
-                quarantined,
-                sm.counters().evicted_objects,
-                sm.counters().dead_node_dropped_objects,
+                s.reservations,
+                s.quarantined,
+                s.evicted_objects,
+                s.dead_node_dropped_objects,
             );
         }
     }
 
     /// Refreshes the gauges that mirror state (called on each scrape).
     pub fn refresh_metrics(&self) {
-        let obs = self.gate.observed();
-        let m = &self.metrics;
+        let st = self.ops.stats();
+        let (obs, s) = (&st.raft, &st.store);
+        let m = &self.ops.metrics;
         m.role.set(match obs.state {
             openraft::ServerState::Follower => 0,
             openraft::ServerState::Candidate => 1,
@@ -340,39 +253,17 @@ impl Node {
         m.snapshots_built.set(self.storage.snapshot_builds() as i64);
         m.snapshot_bytes
             .set(self.storage.last_snapshot_bytes() as i64);
-        let core = self.core.lock();
-        let sm = core.sm();
-        m.keys.set(sm.key_count() as i64);
-        m.bytes_used.set(sm.bytes_used() as i64);
-        m.bytes_total.set(sm.bytes_total() as i64);
-        m.hard_pinned_bytes.set(sm.hard_pinned_bytes() as i64);
-        m.segments.set(sm.segments().count() as i64);
-        m.evicted_objects.set(sm.counters().evicted_objects as i64);
+        m.keys.set(s.keys as i64);
+        m.bytes_used.set(s.bytes_used as i64);
+        m.bytes_total.set(s.bytes_total as i64);
+        m.hard_pinned_bytes.set(s.hard_pinned_bytes as i64);
+        m.segments.set(s.segments as i64);
+        m.evicted_objects.set(s.evicted_objects as i64);
         m.dead_node_dropped_objects
-            .set(sm.counters().dead_node_dropped_objects as i64);
-        m.expired_objects.set(sm.counters().expired_objects as i64);
-        let (r, q, l) = core
-            .leader()
-            .map(|l| {
-                (
-                    l.reservations().len(),
-                    l.reservations().quarantined(),
-                    l.leases().len(),
-                )
-            })
-            .unwrap_or((0, 0, 0));
-        m.reservations.set(r as i64);
-        m.quarantined.set(q as i64);
-        m.leases.set(l as i64);
-    }
-
-    /// Current members: (id, address, voter).
-    pub fn members(&self) -> Vec<(u64, String, bool)> {
-        let m = self.raft.metrics().borrow().membership_config.clone();
-        let voters: std::collections::BTreeSet<u64> = m.membership().voter_ids().collect();
-        m.membership()
-            .nodes()
-            .map(|(id, n)| (*id, n.addr.clone(), voters.contains(id)))
-            .collect()
+            .set(s.dead_node_dropped_objects as i64);
+        m.expired_objects.set(s.expired_objects as i64);
+        m.reservations.set(s.reservations as i64);
+        m.quarantined.set(s.quarantined as i64);
+        m.leases.set(s.leases as i64);
     }
 }

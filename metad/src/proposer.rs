@@ -8,12 +8,10 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::command::{Batch, Command, Outcome};
+use crate::config::MAX_BATCH_COMMANDS;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::raft_types::Raft;
-
-/// Most commands in one entry.
-pub const MAX_BATCH_COMMANDS: usize = 4096;
 
 struct Pending {
     cmd: Command,

@@ -1,14 +1,27 @@
 //! The process entry point shared by the `regolith-metad` binary and the test harnesses' thin
-//! binaries: argument parsing, logging, signals, the runtime.
+//! binaries: argument parsing, logging, signals, the runtime; and the servers: the listeners,
+//! bound before storage and Raft start, and the gRPC and HTTP servers on them.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Parser;
+use regolith_proto::auth::TokenCheck;
+use regolith_proto::metad::metad_server::MetadServer;
+use regolith_proto::raft::raft_server::RaftServer;
+use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic::service::interceptor::InterceptedService;
 
-use crate::args::{normalize_argv, Args};
-use crate::node::Node;
+use crate::args::{normalize_argv, Args, Settings};
+use crate::error::{Error, Result};
+use crate::grpc::metad::MetadService;
+use crate::grpc::raft::RaftService;
+use crate::node;
 use regolith_proto::daemon;
+
+// `main_with_args` starts and serves a `Node`: here, the replica with its listeners.
+use self::Replica as Node;
 
 /// Logs on stderr; `-v` debug and `-vv` trace for Regolith's crates; `RUST_LOG` overrides.
 pub fn init_logging(verbose: u8, json: bool) {
@@ -67,5 +80,106 @@ pub fn main_with_args(argv: Vec<String>) -> ExitCode {
             eprintln!("regolith-metad: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The sockets a replica serves on. They are bound first thing in [`Replica::start`], before
+/// storage opens or Raft runs: a port already taken fails the start before this replica votes
+/// or bootstraps a cluster, and none of its own outgoing connections (Raft's, to its peers) can
+/// be handed one of its ports by the kernel in between.
+pub struct Listeners {
+    grpc: TcpListener,
+    metrics: TcpListener,
+    kv: Option<TcpListener>,
+}
+
+impl Listeners {
+    pub async fn bind(settings: &Settings) -> Result<Self> {
+        let grpc = TcpListener::bind(settings.listen)
+            .await
+            .map_err(|e| Error::Io {
+                what: format!("gRPC listen {}", settings.listen),
+                source: e,
+            })?;
+        let metrics = crate::http::bind(settings.metrics_addr, "metrics").await?;
+        let kv = match settings.http_metadata_addr {
+            Some(addr) => Some(crate::http::bind(addr, "http metadata").await?),
+            None => None,
+        };
+        Ok(Self { grpc, metrics, kv })
+    }
+}
+
+/// A replica ([`node::Node`]) with the listeners it serves on.
+pub struct Replica {
+    node: Arc<node::Node>,
+    listeners: Listeners,
+}
+
+impl Replica {
+    /// Binds the listeners, then opens storage and starts Raft.
+    pub async fn start(settings: Settings) -> Result<Self> {
+        let listeners = Listeners::bind(&settings).await?;
+        let node = node::Node::start(settings).await?;
+        Ok(Self { node, listeners })
+    }
+
+    /// Serves until `shutdown` fires, then stops Raft and flushes storage.
+    pub async fn serve(self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+        let Self { node, listeners } = self;
+        let settings = &node.settings;
+        let check = TokenCheck::new(settings.token.clone());
+        let max = settings.raft_max_message_bytes + 64 * 1024;
+        let metad = MetadServer::new(MetadService {
+            ops: node.ops.clone(),
+        })
+        .max_decoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES);
+        let raft = RaftServer::new(RaftService {
+            raft: node.ops.raft.clone(),
+        })
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+        // The token is checked before a request body is read.
+        let metad = InterceptedService::new(metad, check.clone());
+        let raft = InterceptedService::new(raft, check);
+        tracing::info!(addr = %settings.listen, id = node.ops.id, "gRPC listening");
+        // tonic sets TCP_NODELAY only on sockets it accepts itself; these are ours. Without it,
+        // Nagle's algorithm and delayed ACKs add ~40 ms to any reply larger than one segment.
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listeners.grpc),
+            |s| {
+                s.inspect(|s| {
+                    if let Err(e) = s.set_nodelay(true) {
+                        tracing::debug!(error = %e, "TCP_NODELAY");
+                    }
+                })
+            },
+        );
+        let mut sd = shutdown.clone();
+        let grpc = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(metad)
+            .add_service(raft)
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = sd.wait_for(|s| *s).await;
+            });
+        let http = crate::http::serve_metrics(node.clone(), listeners.metrics, shutdown.clone());
+        let kv = listeners
+            .kv
+            .map(|l| crate::http::serve_metadata_kv(node.clone(), l, shutdown.clone()));
+        node.spawn_background(&shutdown);
+        if let Err(e) = grpc.await {
+            tracing::error!(error = %e, "gRPC server failed");
+        }
+        let _ = shutdown.wait_for(|s| *s).await;
+        tracing::info!("shutting down: stopping raft");
+        let _ = http.await;
+        if let Some(kv) = kv {
+            let _ = kv.await;
+        }
+        node.stop().await;
+        tracing::info!("stopped");
+        Ok(())
     }
 }

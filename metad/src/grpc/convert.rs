@@ -4,21 +4,18 @@ use regolith_proto::metad as pb;
 
 use crate::error::Error;
 use crate::leader::{Heartbeat, PinKind, PlacedReplica, Placement, PutRequest, Reserved};
-use crate::types::{Extent, SegmentId, Version};
+use crate::ops::get::KeyInfo;
+use crate::ops::put::{CommitItem, Committed};
+use crate::ops::segments::SegmentView;
+use crate::ops::stats::Stats;
+use crate::ops::Member;
+use crate::types::{Extent, Pin, SegmentId, SegmentState, Version};
 
 pub fn version(v: Version) -> pb::Version {
     pb::Version {
         term: v.term,
         id: v.id,
     }
-}
-
-pub fn version_from(v: Option<&pb::Version>) -> Result<Version, Error> {
-    let v = v.ok_or_else(|| Error::InvalidArgument("missing reservation version".into()))?;
-    Ok(Version {
-        term: v.term,
-        id: v.id,
-    })
 }
 
 pub fn extent(e: &Extent) -> pb::Extent {
@@ -69,6 +66,112 @@ pub fn reservation(r: &Reserved, leader_id: u64) -> pb::Reservation {
         replicas: r.replicas.iter().map(replica).collect(),
         expires_in_ms: r.expires_in_ms,
         leader_id,
+    }
+}
+
+/// One item of a (batch) reserve answer.
+pub fn reserve_response(r: &Result<Reserved, Error>, leader_id: u64) -> pb::ReserveResponse {
+    match r {
+        Ok(r) => pb::ReserveResponse {
+            status: Some(ok()),
+            reservation: Some(reservation(r, leader_id)),
+        },
+        Err(e) => pb::ReserveResponse {
+            status: Some(status_of(e)),
+            reservation: None,
+        },
+    }
+}
+
+pub fn commit_item(req: &pb::CommitRequest) -> CommitItem {
+    CommitItem {
+        version: req.version.as_ref().map(|v| Version {
+            term: v.term,
+            id: v.id,
+        }),
+        checksum: req.checksum,
+    }
+}
+
+/// The per-item status of one commit.
+pub fn committed(c: &Committed) -> pb::Status {
+    match c {
+        Committed::Ok => ok(),
+        Committed::AlreadyExists(v) => pb::Status {
+            code: pb::Code::AlreadyExists as i32,
+            message: format!("key of reservation {v} already exists"),
+        },
+        Committed::Conflict(why) => pb::Status {
+            code: pb::Code::Conflict as i32,
+            message: why.clone(),
+        },
+        Committed::Refused(e) => status_of(e),
+    }
+}
+
+pub fn members(m: &[Member]) -> pb::MembersResponse {
+    pb::MembersResponse {
+        members: m
+            .iter()
+            .map(|m| pb::Member {
+                id: m.id,
+                addr: m.addr.clone(),
+                voter: m.voter,
+            })
+            .collect(),
+    }
+}
+
+pub fn stats(st: &Stats) -> pb::StatsResponse {
+    let s = &st.store;
+    pb::StatsResponse {
+        id: st.id,
+        leader_id: st.raft.leader.unwrap_or(0),
+        term: st.raft.term,
+        last_applied: st.raft.applied_index,
+        keys: s.keys,
+        bytes_used: s.bytes_used,
+        bytes_total: s.bytes_total,
+        segments: s.segments,
+        evicted_objects: s.evicted_objects,
+        dead_node_dropped_objects: s.dead_node_dropped_objects,
+        members: members(&st.members).members,
+        reservations: s.reservations,
+        quarantined: s.quarantined,
+        leases: s.leases,
+        hard_pinned_bytes: s.hard_pinned_bytes,
+    }
+}
+
+pub fn segment_info(v: &SegmentView) -> pb::SegmentInfo {
+    let s = &v.segment;
+    pb::SegmentInfo {
+        node_id: s.id.node,
+        node_name: s.name.clone(),
+        generation: s.id.generation,
+        capacity: s.capacity,
+        used: s.used,
+        data_addrs: s.data_addrs.clone(),
+        state: match s.state {
+            SegmentState::Active => pb::SegmentState::SegmentActive as i32,
+            SegmentState::Draining { .. } => pb::SegmentState::SegmentDraining as i32,
+        },
+        last_heartbeat_ms_ago: v.silence_ms,
+        alive: v.alive,
+        objects: s.objects,
+    }
+}
+
+pub fn key_info(k: &KeyInfo) -> pb::KeyInfo {
+    pb::KeyInfo {
+        key: k.key.clone(),
+        size: k.size,
+        replicas: k.replicas,
+        pin: match k.pin {
+            Pin::None => pb::PinKind::PinNone as i32,
+            Pin::Soft { .. } => pb::PinKind::PinSoft as i32,
+            Pin::Hard => pb::PinKind::PinHard as i32,
+        },
     }
 }
 

@@ -1,265 +1,89 @@
-//! The `Metad` gRPC service (`proto/metad.proto`). Every call is answered by the leader;
-//! followers answer `NOT_LEADER` with the leader's address.
+//! The `Metad` gRPC service (`proto/metad.proto`): a translation layer between the wire and
+//! [`crate::ops`], which does the work. Every call is answered by the leader; followers answer
+//! `NOT_LEADER` with the leader's address. Here: wire ↔ domain conversion (with
+//! [`convert`]), the mapping of [`Error`] to a gRPC status, and the per-RPC metrics.
 
-use std::collections::BTreeSet;
+use std::future::Future;
 use std::sync::Arc;
 
-use openraft::{BasicNode, ChangeMembers};
-use regolith_proto::leader::not_leader;
+use regolith_proto::leader::{not_leader, LeaderHint};
 use regolith_proto::metad as pb;
 use regolith_proto::metad::metad_server::Metad;
 use tonic::{Request, Response, Status};
 
-use crate::command::{Command, Outcome};
-use crate::error::Error;
-use crate::gate::{NotServing, ReadPath};
+use crate::error::{Error, Result};
 use crate::grpc::convert;
-use crate::leader::CommitStep;
-use crate::node::Node;
-use crate::types::{SegmentId, SegmentState, UnmountReason};
-
-/// Most keys in one batch call.
-pub const MAX_BATCH_KEYS: usize = 65_536;
-/// Largest value in the metadata KV.
-pub const MAX_META_VALUE: usize = 512 * 1024;
+use crate::ops::segments::{check_heartbeat_lists, Mount};
+use crate::ops::Ops;
+use crate::types::{SegmentId, Version};
 
 pub struct MetadService {
-    pub node: Arc<Node>,
+    pub ops: Arc<Ops>,
 }
 
 type Reply<T> = Result<Response<T>, Status>;
 
-fn not_serving(n: NotServing) -> Status {
-    match n {
-        NotServing::NotLeader(hint) => not_leader(hint.as_ref()),
-        NotServing::NotReady(why) => Status::unavailable(format!("leader not ready: {why}")),
-    }
-}
-
 /// The gRPC status of an error that ends a whole call.
 fn status(e: Error) -> Status {
     match e {
-        Error::NotLeader { leader } => not_leader(
-            leader
-                .map(|(id, addr)| regolith_proto::leader::LeaderHint { id, addr })
-                .as_ref(),
-        ),
+        Error::NotLeader { leader } => {
+            not_leader(leader.map(|(id, addr)| LeaderHint { id, addr }).as_ref())
+        }
         Error::InvalidArgument(m) => Status::invalid_argument(m),
         Error::NotFound { .. } => Status::not_found(e.to_string()),
-        Error::NotReady(m) => Status::unavailable(m),
-        Error::Raft(m) => Status::unavailable(format!("raft: {m}")),
+        Error::NoSuch(m) => Status::not_found(m),
+        Error::Precondition(m) => Status::failed_precondition(m),
+        Error::NotReady(_) | Error::NoLeaderState | Error::Raft(_) | Error::Unavailable(_) => {
+            Status::unavailable(e.to_string())
+        }
         other => Status::internal(other.to_string()),
     }
 }
 
 impl MetadService {
-    fn count(&self, rpc: &'static str) {
-        self.node
-            .metrics
-            .rpc_requests
-            .with_label_values(&[rpc])
-            .inc();
-    }
-
-    fn failed<T>(&self, rpc: &'static str, r: Reply<T>) -> Reply<T> {
+    /// Runs one RPC: counts it, maps its error, counts a failure by code.
+    async fn call<T>(&self, rpc: &'static str, f: impl Future<Output = Result<T>>) -> Reply<T> {
+        let m = &self.ops.metrics;
+        m.rpc_requests.with_label_values(&[rpc]).inc();
+        let r = f.await.map(Response::new).map_err(status);
         if let Err(s) = &r {
-            self.node
-                .metrics
-                .rpc_failures
+            m.rpc_failures
                 .with_label_values(&[rpc, &format!("{:?}", s.code())])
                 .inc();
         }
         r
     }
 
-    async fn leader(&self) -> Result<(), Status> {
-        self.node
-            .gate
-            .require_leader()
-            .await
-            .map(|_| ())
-            .map_err(not_serving)
-    }
-
-    async fn read(&self) -> Result<(), Status> {
-        match self.node.gate.read().await.map_err(not_serving)? {
-            ReadPath::Lease => {}
-            ReadPath::Quorum => self
-                .node
-                .metrics
-                .read_fallbacks
-                .with_label_values(&["quorum"])
-                .inc(),
-        }
-        Ok(())
-    }
-
-    async fn propose(&self, cmd: Command) -> Result<Outcome, Status> {
-        self.node.proposer.propose(cmd).await.map_err(status)
-    }
-
-    fn check_keys(&self, keys: &[String]) -> Result<(), Status> {
-        if keys.len() > MAX_BATCH_KEYS {
-            return Err(Status::invalid_argument(format!(
-                "{} keys in one call; at most {MAX_BATCH_KEYS}",
-                keys.len()
-            )));
-        }
-        let max = self.node.settings.cache.max_key_len;
-        for k in keys {
-            if k.is_empty() {
-                return Err(Status::invalid_argument("empty key"));
-            }
-            if k.len() > max {
-                return Err(Status::invalid_argument(format!(
-                    "key of {} bytes exceeds the {max}-byte limit",
-                    k.len()
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Reserves a batch; items that found no space get one eviction round and a retry.
     async fn reserve_items(
         &self,
         items: &[pb::ReserveRequest],
-    ) -> Result<Vec<pb::ReserveResponse>, Status> {
-        if items.len() > MAX_BATCH_KEYS {
-            return Err(Status::invalid_argument(format!(
-                "{} items in one call; at most {MAX_BATCH_KEYS}",
-                items.len()
-            )));
-        }
-        self.leader().await?;
-        let mut out: Vec<Option<pb::ReserveResponse>> = vec![None; items.len()];
-        let mut retry = Vec::new();
-        let mut need = 0u64;
-        let evict = {
-            let now = self.node.clock.now();
-            let mut core = self.node.core.lock();
-            let Some((l, sm)) = core.leader_parts() else {
-                return Err(Status::unavailable("leader state not built yet"));
-            };
-            let leader_id = self.node.id;
-            for (i, it) in items.iter().enumerate() {
-                match l.reserve(sm, &convert::put_request(it), now) {
-                    Ok(r) => out[i] = Some(reserved(&r, leader_id)),
-                    Err(e @ Error::NoSpace { .. }) => {
-                        need += it.size.saturating_mul(
-                            it.options.as_ref().map(|o| o.replicas.max(1)).unwrap_or(1) as u64,
-                        );
-                        retry.push(i);
-                        out[i] = Some(refused(&e));
-                    }
-                    Err(e) => out[i] = Some(refused(&e)),
-                }
-            }
-            if retry.is_empty() {
-                None
-            } else {
-                l.eviction_due(sm, now, need)
-            }
-        };
-        if let Some(cmd) = evict {
-            if let Err(e) = self.propose(cmd).await {
-                tracing::warn!(error = %e, "eviction for a reservation failed");
-            }
-            let now = self.node.clock.now();
-            let mut core = self.node.core.lock();
-            if let Some((l, sm)) = core.leader_parts() {
-                for i in retry {
-                    out[i] = Some(match l.reserve(sm, &convert::put_request(&items[i]), now) {
-                        Ok(r) => reserved(&r, self.node.id),
-                        Err(e) => refused(&e),
-                    });
-                }
-            }
-        }
-        Ok(out.into_iter().map(|o| o.unwrap_or_default()).collect())
-    }
-
-    async fn commit_items(
-        &self,
-        items: &[pb::CommitRequest],
-    ) -> Result<Vec<pb::CommitResponse>, Status> {
-        if items.len() > MAX_BATCH_KEYS {
-            return Err(Status::invalid_argument(format!(
-                "{} items in one call; at most {MAX_BATCH_KEYS}",
-                items.len()
-            )));
-        }
-        self.leader().await?;
-        let now = self.node.clock.now();
-        let mut out: Vec<Option<pb::Status>> = vec![None; items.len()];
-        let mut proposals = Vec::new();
-        {
-            let mut core = self.node.core.lock();
-            let Some((l, _)) = core.leader_parts() else {
-                return Err(Status::unavailable("leader state not built yet"));
-            };
-            for (i, it) in items.iter().enumerate() {
-                let step = convert::version_from(it.version.as_ref())
-                    .and_then(|v| l.commit(v, it.checksum, now).map(|s| (v, s)));
-                match step {
-                    Ok((_, CommitStep::AlreadyCommitted)) => out[i] = Some(convert::ok()),
-                    Ok((v, CommitStep::Propose(cmd))) => proposals.push((i, v, cmd)),
-                    Err(e) => out[i] = Some(convert::status_of(&e)),
-                }
-            }
-        }
-        let cmds = proposals.iter().map(|(_, _, c)| c.clone()).collect();
-        let results = self.node.proposer.propose_all(cmds).await;
-        let mut first_err = None;
-        for ((i, v, _), r) in proposals.iter().zip(results) {
-            out[*i] = Some(match r {
-                Ok(Outcome::Committed) => convert::ok(),
-                Ok(Outcome::AlreadyExists) => pb::Status {
-                    code: pb::Code::AlreadyExists as i32,
-                    message: format!("key of reservation {v} already exists"),
-                },
-                Ok(Outcome::Conflict(why)) => pb::Status {
-                    code: pb::Code::Conflict as i32,
-                    message: why,
-                },
-                Ok(other) => pb::Status {
-                    code: pb::Code::Internal as i32,
-                    message: format!("unexpected outcome {other:?}"),
-                },
-                Err(e) => {
-                    if let Some((l, _)) = self.node.core.lock().leader_parts() {
-                        l.commit_failed(*v);
-                    }
-                    let s = convert::status_of(&e);
-                    first_err.get_or_insert(e);
-                    s
-                }
-            });
-        }
-        // A commit that could not be replicated (leadership lost) fails the call as a whole, so
-        // the writer starts over with a fresh reservation rather than trusting a partial answer.
-        if let Some(e) = first_err {
-            if items.len() == 1 {
-                return Err(status(e));
-            }
-        }
+    ) -> Result<Vec<pb::ReserveResponse>> {
+        let reqs: Vec<_> = items.iter().map(convert::put_request).collect();
+        let out = self.ops.reserve(&reqs).await?;
         Ok(out
-            .into_iter()
-            .map(|s| pb::CommitResponse { status: s })
+            .iter()
+            .map(|r| convert::reserve_response(r, self.ops.id))
             .collect())
     }
 
-    fn placements(
+    async fn commit_items(&self, items: &[pb::CommitRequest]) -> Result<Vec<pb::CommitResponse>> {
+        let items: Vec<_> = items.iter().map(convert::commit_item).collect();
+        let out = self.ops.commit(&items).await?;
+        Ok(out
+            .iter()
+            .map(|c| pb::CommitResponse {
+                status: Some(convert::committed(c)),
+            })
+            .collect())
+    }
+
+    async fn placements(
         &self,
         keys: &[String],
         requester: u64,
-    ) -> Result<Vec<pb::ObjectPlacement>, Status> {
-        let now = self.node.clock.now();
-        let mut core = self.node.core.lock();
-        let Some((l, sm)) = core.leader_parts() else {
-            return Err(Status::unavailable("leader state not built yet"));
-        };
-        Ok(l.get(sm, keys, requester, now)
+    ) -> Result<Vec<pb::ObjectPlacement>> {
+        let found = self.ops.get(keys, requester).await?;
+        Ok(found
             .iter()
             .zip(keys)
             .map(|(p, k)| match p {
@@ -268,62 +92,6 @@ impl MetadService {
             })
             .collect())
     }
-
-    fn members_reply(&self) -> pb::MembersResponse {
-        pb::MembersResponse {
-            members: self
-                .node
-                .members()
-                .into_iter()
-                .map(|(id, addr, voter)| pb::Member { id, addr, voter })
-                .collect(),
-        }
-    }
-}
-
-fn reserved(r: &crate::leader::Reserved, leader_id: u64) -> pb::ReserveResponse {
-    pb::ReserveResponse {
-        status: Some(convert::ok()),
-        reservation: Some(convert::reservation(r, leader_id)),
-    }
-}
-
-fn refused(e: &Error) -> pb::ReserveResponse {
-    pb::ReserveResponse {
-        status: Some(convert::status_of(e)),
-        reservation: None,
-    }
-}
-
-fn validate_mount(r: &pb::MountSegmentRequest) -> Result<(), Status> {
-    if r.node_name.is_empty()
-        || r.node_name.len() > 255
-        || r.node_name.chars().any(|c| c.is_control())
-    {
-        return Err(Status::invalid_argument(format!(
-            "node name {:?} must be 1..=255 printable characters",
-            r.node_name
-        )));
-    }
-    if r.capacity > 1 << 50 {
-        return Err(Status::invalid_argument(format!(
-            "segment of {} bytes for {:?} is implausibly large",
-            r.capacity, r.node_name
-        )));
-    }
-    if r.data_addrs.len() > 64 {
-        return Err(Status::invalid_argument(
-            "more than 64 data-plane addresses",
-        ));
-    }
-    for a in &r.data_addrs {
-        if a.len() > 255 || !a.contains(':') {
-            return Err(Status::invalid_argument(format!(
-                "data-plane address {a:?} must be HOST:PORT"
-            )));
-        }
-    }
-    Ok(())
 }
 
 #[tonic::async_trait]
@@ -332,82 +100,51 @@ impl Metad for MetadService {
         &self,
         req: Request<pb::MountSegmentRequest>,
     ) -> Reply<pb::MountSegmentResponse> {
-        self.count("mount_segment");
-        let r = async {
+        self.call("mount_segment", async {
             let r = req.into_inner();
-            validate_mount(&r)?;
-            self.leader().await?;
-            let cmd = Command::MountSegment {
-                node_name: r.node_name.clone(),
-                node_id_hint: r.node_id,
-                capacity: r.capacity,
-                data_addrs: r.data_addrs,
-                now_ms: self.node.clock.now().wall_ms,
-            };
-            match self.propose(cmd).await? {
-                Outcome::Mounted { node_id, generation, dropped } => {
-                    tracing::info!(node = %r.node_name, node_id, generation, capacity = r.capacity, dropped, "segment mounted");
-                    Ok(Response::new(pb::MountSegmentResponse { node_id, generation, term: self.node.gate.observed().term }))
-                }
-                other => Err(Status::internal(format!("mount answered {other:?}"))),
-            }
-        }
-        .await;
-        self.failed("mount_segment", r)
+            let m = self
+                .ops
+                .mount(Mount {
+                    node_name: r.node_name,
+                    node_id_hint: r.node_id,
+                    capacity: r.capacity,
+                    data_addrs: r.data_addrs,
+                })
+                .await?;
+            Ok(pb::MountSegmentResponse {
+                node_id: m.node_id,
+                generation: m.generation,
+                term: m.term,
+            })
+        })
+        .await
     }
 
     async fn unmount_segment(
         &self,
         req: Request<pb::UnmountSegmentRequest>,
     ) -> Reply<pb::UnmountSegmentResponse> {
-        self.count("unmount_segment");
-        let r = async {
+        self.call("unmount_segment", async {
             let r = req.into_inner();
-            self.leader().await?;
             let segment = SegmentId {
                 node: r.node_id,
                 generation: r.generation,
             };
-            match self
-                .propose(Command::UnmountSegment {
-                    segment,
-                    reason: UnmountReason::Graceful,
-                })
-                .await?
-            {
-                Outcome::Unmounted { dropped } => Ok(Response::new(pb::UnmountSegmentResponse {
-                    dropped_objects: dropped,
-                })),
-                Outcome::Ignored(_) => Ok(Response::new(pb::UnmountSegmentResponse {
-                    dropped_objects: 0,
-                })),
-                other => Err(Status::internal(format!("unmount answered {other:?}"))),
-            }
-        }
-        .await;
-        self.failed("unmount_segment", r)
+            Ok(pb::UnmountSegmentResponse {
+                dropped_objects: self.ops.unmount(segment).await?,
+            })
+        })
+        .await
     }
 
     async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Reply<pb::HeartbeatResponse> {
-        self.count("heartbeat");
-        let r = async {
+        self.call("heartbeat", async {
             let r = req.into_inner();
-            if r.in_flight.len() > 1_000_000 || r.released.len() > 1_000_000 {
-                return Err(Status::invalid_argument("heartbeat lists too long"));
-            }
-            let obs = self.node.gate.require_leader().await.map_err(not_serving)?;
-            let hb = convert::heartbeat(&r);
-            let now = self.node.clock.now();
-            let reply = {
-                let mut core = self.node.core.lock();
-                let Some((l, sm)) = core.leader_parts() else {
-                    return Err(Status::unavailable("leader state not built yet"));
-                };
-                l.heartbeat(sm, &hb, now)
-            };
-            Ok(Response::new(pb::HeartbeatResponse {
-                term: obs.term,
-                leader_id: self.node.id,
+            check_heartbeat_lists(r.in_flight.len(), r.released.len())?;
+            let (term, reply) = self.ops.heartbeat(&convert::heartbeat(&r)).await?;
+            Ok(pb::HeartbeatResponse {
+                term,
+                leader_id: self.ops.id,
                 remount: reply.remount,
                 unmounted: reply.unmounted,
                 quarantined: reply
@@ -416,132 +153,105 @@ impl Metad for MetadService {
                     .map(convert::version)
                     .collect(),
                 draining: reply.draining,
-            }))
-        }
-        .await;
-        self.failed("heartbeat", r)
+            })
+        })
+        .await
     }
 
     async fn reserve(&self, req: Request<pb::ReserveRequest>) -> Reply<pb::ReserveResponse> {
-        self.count("reserve");
-        let r = async {
+        self.call("reserve", async {
             let item = req.into_inner();
             let mut out = self.reserve_items(std::slice::from_ref(&item)).await?;
-            Ok(Response::new(out.pop().unwrap_or_default()))
-        }
-        .await;
-        self.failed("reserve", r)
+            Ok(out.pop().unwrap_or_default())
+        })
+        .await
     }
 
     async fn batch_reserve(
         &self,
         req: Request<pb::BatchReserveRequest>,
     ) -> Reply<pb::BatchReserveResponse> {
-        self.count("batch_reserve");
-        let r = async {
+        self.call("batch_reserve", async {
             let items = req.into_inner().items;
-            Ok(Response::new(pb::BatchReserveResponse {
+            Ok(pb::BatchReserveResponse {
                 items: self.reserve_items(&items).await?,
-            }))
-        }
-        .await;
-        self.failed("batch_reserve", r)
+            })
+        })
+        .await
     }
 
     async fn commit(&self, req: Request<pb::CommitRequest>) -> Reply<pb::CommitResponse> {
-        self.count("commit");
-        let r = async {
+        self.call("commit", async {
             let item = req.into_inner();
             let mut out = self.commit_items(std::slice::from_ref(&item)).await?;
-            Ok(Response::new(out.pop().unwrap_or_default()))
-        }
-        .await;
-        self.failed("commit", r)
+            Ok(out.pop().unwrap_or_default())
+        })
+        .await
     }
 
     async fn batch_commit(
         &self,
         req: Request<pb::BatchCommitRequest>,
     ) -> Reply<pb::BatchCommitResponse> {
-        self.count("batch_commit");
-        let r = async {
+        self.call("batch_commit", async {
             let items = req.into_inner().items;
-            Ok(Response::new(pb::BatchCommitResponse {
+            Ok(pb::BatchCommitResponse {
                 items: self.commit_items(&items).await?,
-            }))
-        }
-        .await;
-        self.failed("batch_commit", r)
+            })
+        })
+        .await
     }
 
     async fn abort(&self, req: Request<pb::AbortRequest>) -> Reply<pb::AbortResponse> {
-        self.count("abort");
-        let r = async {
-            let versions: Vec<_> = req
+        self.call("abort", async {
+            let versions: Vec<Version> = req
                 .into_inner()
                 .versions
                 .iter()
-                .map(|v| crate::types::Version {
+                .map(|v| Version {
                     term: v.term,
                     id: v.id,
                 })
                 .collect();
-            self.leader().await?;
-            if let Some((l, _)) = self.node.core.lock().leader_parts() {
-                l.abort(&versions);
-            }
-            Ok(Response::new(pb::AbortResponse {}))
-        }
-        .await;
-        self.failed("abort", r)
+            self.ops.abort(&versions).await?;
+            Ok(pb::AbortResponse {})
+        })
+        .await
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Reply<pb::ObjectPlacement> {
-        self.count("get");
-        let r = async {
+        self.call("get", async {
             let r = req.into_inner();
             if r.keys.len() != 1 {
-                return Err(Status::invalid_argument(format!(
+                return Err(Error::InvalidArgument(format!(
                     "Get takes one key, got {}; use BatchGet",
                     r.keys.len()
                 )));
             }
-            self.check_keys(&r.keys)?;
-            self.read().await?;
-            let mut p = self.placements(&r.keys, r.requester_node_id)?;
-            Ok(Response::new(p.pop().unwrap_or_default()))
-        }
-        .await;
-        self.failed("get", r)
+            let mut p = self.placements(&r.keys, r.requester_node_id).await?;
+            Ok(p.pop().unwrap_or_default())
+        })
+        .await
     }
 
     async fn batch_get(&self, req: Request<pb::GetRequest>) -> Reply<pb::GetResponse> {
-        self.count("batch_get");
-        let r = async {
+        self.call("batch_get", async {
             let r = req.into_inner();
-            self.check_keys(&r.keys)?;
-            self.read().await?;
-            Ok(Response::new(pb::GetResponse {
-                items: self.placements(&r.keys, r.requester_node_id)?,
-            }))
-        }
-        .await;
-        self.failed("batch_get", r)
+            Ok(pb::GetResponse {
+                items: self.placements(&r.keys, r.requester_node_id).await?,
+            })
+        })
+        .await
     }
 
     async fn exists(&self, req: Request<pb::ExistsRequest>) -> Reply<pb::ExistsResponse> {
-        self.count("exists");
-        let r = async {
-            let r = req.into_inner();
-            self.check_keys(&r.keys)?;
-            self.read().await?;
-            let core = self.node.core.lock();
-            Ok(Response::new(pb::ExistsResponse {
-                exists: r.keys.iter().map(|k| core.sm().contains(k)).collect(),
-            }))
-        }
-        .await;
-        self.failed("exists", r)
+        self.call("exists", async {
+            let keys = req.into_inner().keys;
+            Ok(pb::ExistsResponse {
+                exists: self.ops.exists(&keys).await?,
+            })
+        })
+        .await
     }
 
     async fn batch_exists(&self, req: Request<pb::ExistsRequest>) -> Reply<pb::ExistsResponse> {
@@ -549,362 +259,190 @@ impl Metad for MetadService {
     }
 
     async fn remove(&self, req: Request<pb::RemoveRequest>) -> Reply<pb::RemoveResponse> {
-        self.count("remove");
-        let r = async {
-            let keys = req.into_inner().keys;
-            self.check_keys(&keys)?;
-            self.leader().await?;
-            match self.propose(Command::Remove { keys }).await? {
-                Outcome::Removed(found) => Ok(Response::new(pb::RemoveResponse {
-                    codes: found
-                        .into_iter()
-                        .map(|f| {
-                            if f {
-                                pb::Code::Ok as i32
-                            } else {
-                                pb::Code::NotFound as i32
-                            }
-                        })
-                        .collect(),
-                })),
-                other => Err(Status::internal(format!("remove answered {other:?}"))),
-            }
-        }
-        .await;
-        self.failed("remove", r)
+        self.call("remove", async {
+            let found = self.ops.remove(req.into_inner().keys).await?;
+            Ok(pb::RemoveResponse {
+                codes: found
+                    .into_iter()
+                    .map(|f| {
+                        if f {
+                            pb::Code::Ok as i32
+                        } else {
+                            pb::Code::NotFound as i32
+                        }
+                    })
+                    .collect(),
+            })
+        })
+        .await
     }
 
     async fn remove_all(
         &self,
         _req: Request<pb::RemoveAllRequest>,
     ) -> Reply<pb::RemoveAllResponse> {
-        self.count("remove_all");
-        let r = async {
-            self.leader().await?;
-            match self.propose(Command::RemoveAll).await? {
-                Outcome::RemovedAll(n) => Ok(Response::new(pb::RemoveAllResponse { removed: n })),
-                other => Err(Status::internal(format!("remove_all answered {other:?}"))),
-            }
-        }
-        .await;
-        self.failed("remove_all", r)
+        self.call("remove_all", async {
+            Ok(pb::RemoveAllResponse {
+                removed: self.ops.remove_all().await?,
+            })
+        })
+        .await
     }
 
     async fn stats(&self, _req: Request<pb::StatsRequest>) -> Reply<pb::StatsResponse> {
-        self.count("stats");
-        let r = async {
-            self.read().await?;
-            let obs = self.node.gate.observed();
-            let members = self.members_reply().members;
-            let core = self.node.core.lock();
-            let sm = core.sm();
-            let c = sm.counters();
-            let (reservations, quarantined, leases) = core
-                .leader()
-                .map(|l| {
-                    (
-                        l.reservations().len(),
-                        l.reservations().quarantined(),
-                        l.leases().len(),
-                    )
-                })
-                .unwrap_or((0, 0, 0));
-            Ok(Response::new(pb::StatsResponse {
-                id: self.node.id,
-                leader_id: obs.leader.unwrap_or(0),
-                term: obs.term,
-                last_applied: obs.applied_index,
-                keys: sm.key_count() as u64,
-                bytes_used: sm.bytes_used(),
-                bytes_total: sm.bytes_total(),
-                segments: sm.segments().count() as u64,
-                evicted_objects: c.evicted_objects,
-                dead_node_dropped_objects: c.dead_node_dropped_objects,
-                members,
-                reservations: reservations as u64,
-                quarantined: quarantined as u64,
-                leases: leases as u64,
-                hard_pinned_bytes: sm.hard_pinned_bytes(),
-            }))
-        }
-        .await;
-        self.failed("stats", r)
+        self.call("stats", async {
+            self.ops.read().await?;
+            Ok(convert::stats(&self.ops.stats()))
+        })
+        .await
     }
 
     async fn list_segments(
         &self,
         _req: Request<pb::ListSegmentsRequest>,
     ) -> Reply<pb::ListSegmentsResponse> {
-        self.count("list_segments");
-        let r = async {
-            self.read().await?;
-            let now = self.node.clock.now();
-            let core = self.node.core.lock();
-            let Some(l) = core.leader() else {
-                return Err(Status::unavailable("leader state not built yet"));
-            };
-            let ttl = l.config().node_ttl_ms;
-            let segments = core
-                .sm()
-                .segments()
-                .map(|s| {
-                    let silence = l.silence_ms(&s.id, now);
-                    pb::SegmentInfo {
-                        node_id: s.id.node,
-                        node_name: s.name.clone(),
-                        generation: s.id.generation,
-                        capacity: s.capacity,
-                        used: s.used,
-                        data_addrs: s.data_addrs.clone(),
-                        state: match s.state {
-                            SegmentState::Active => pb::SegmentState::SegmentActive as i32,
-                            SegmentState::Draining { .. } => {
-                                pb::SegmentState::SegmentDraining as i32
-                            }
-                        },
-                        last_heartbeat_ms_ago: silence,
-                        alive: silence <= ttl,
-                        objects: s.objects,
-                    }
-                })
-                .collect();
-            Ok(Response::new(pb::ListSegmentsResponse { segments }))
-        }
-        .await;
-        self.failed("list_segments", r)
+        self.call("list_segments", async {
+            let segments = self.ops.list_segments().await?;
+            Ok(pb::ListSegmentsResponse {
+                segments: segments.iter().map(convert::segment_info).collect(),
+            })
+        })
+        .await
     }
 
     async fn list_keys(&self, req: Request<pb::ListKeysRequest>) -> Reply<pb::ListKeysResponse> {
-        self.count("list_keys");
-        let r = async {
+        self.call("list_keys", async {
             let r = req.into_inner();
-            let max = self.node.settings.cache.max_key_len;
-            if r.prefix.len() > max || r.start_after.len() > max {
-                return Err(Status::invalid_argument(format!(
-                    "prefix or start_after longer than {max} bytes"
-                )));
-            }
-            let limit = match r.limit {
-                0 => 1000,
-                n => (n as usize).min(10_000),
-            };
-            self.read().await?;
-            let core = self.node.core.lock();
-            let page = core.sm().list_keys(&r.prefix, &r.start_after, limit + 1);
-            let more = page.len() > limit;
-            let keys: Vec<pb::KeyInfo> = page
-                .into_iter()
-                .take(limit)
-                .map(|(k, o)| pb::KeyInfo {
-                    key: k.to_string(),
-                    size: o.size,
-                    replicas: o.replicas.count() as u32,
-                    pin: match o.pin {
-                        crate::types::Pin::None => pb::PinKind::PinNone as i32,
-                        crate::types::Pin::Soft { .. } => pb::PinKind::PinSoft as i32,
-                        crate::types::Pin::Hard => pb::PinKind::PinHard as i32,
-                    },
-                })
-                .collect();
-            let next = if more {
-                keys.last().map(|k| k.key.clone()).unwrap_or_default()
-            } else {
-                String::new()
-            };
-            Ok(Response::new(pb::ListKeysResponse {
-                keys,
-                next_start_after: next,
-            }))
-        }
-        .await;
-        self.failed("list_keys", r)
+            let page = self
+                .ops
+                .list_keys(&r.prefix, &r.start_after, r.limit)
+                .await?;
+            Ok(pb::ListKeysResponse {
+                keys: page.keys.iter().map(convert::key_info).collect(),
+                next_start_after: page.next_start_after,
+            })
+        })
+        .await
     }
 
     async fn add_member(&self, req: Request<pb::AddMemberRequest>) -> Reply<pb::MembersResponse> {
-        self.count("add_member");
-        let r = async {
+        self.call("add_member", async {
             let r = req.into_inner();
-            if r.id == 0 {
-                return Err(Status::invalid_argument("member ids start at 1"));
-            }
-            regolith_proto::client::parse_addrs(&r.addr)
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
-            self.leader().await?;
-            let raft = &self.node.raft;
-            tracing::info!(id = r.id, addr = %r.addr, "adding member: learner first");
-            raft.add_learner(
-                r.id,
-                BasicNode {
-                    addr: r.addr.clone(),
-                },
-                true,
-            )
-            .await
-            .map_err(|e| raft_change_error("add learner", e))?;
-            let voters: BTreeSet<u64> = [r.id].into();
-            raft.change_membership(ChangeMembers::AddVoterIds(voters), false)
-                .await
-                .map_err(|e| raft_change_error("promote to voter", e))?;
-            tracing::info!(id = r.id, "member is a voter");
-            Ok(Response::new(self.members_reply()))
-        }
-        .await;
-        self.failed("add_member", r)
+            Ok(convert::members(&self.ops.add_member(r.id, &r.addr).await?))
+        })
+        .await
     }
 
     async fn remove_member(
         &self,
         req: Request<pb::RemoveMemberRequest>,
     ) -> Reply<pb::MembersResponse> {
-        self.count("remove_member");
-        let r = async {
+        self.call("remove_member", async {
             let id = req.into_inner().id;
-            self.leader().await?;
-            let members = self.node.members();
-            if !members.iter().any(|(m, _, _)| *m == id) {
-                return Err(Status::not_found(format!(
-                    "member {id} is not in the cluster"
-                )));
-            }
-            let voters: BTreeSet<u64> = [id].into();
-            let raft = &self.node.raft;
-            let is_voter = members.iter().any(|(m, _, v)| *m == id && *v);
-            let change = if is_voter {
-                ChangeMembers::RemoveVoters(voters)
-            } else {
-                ChangeMembers::RemoveNodes(voters)
-            };
-            raft.change_membership(change, false)
-                .await
-                .map_err(|e| raft_change_error("remove member", e))?;
-            tracing::info!(id, "member removed");
-            Ok(Response::new(self.members_reply()))
-        }
-        .await;
-        self.failed("remove_member", r)
+            Ok(convert::members(&self.ops.remove_member(id).await?))
+        })
+        .await
     }
 
     async fn drain(&self, req: Request<pb::DrainRequest>) -> Reply<pb::DrainResponse> {
-        self.count("drain");
-        let r = async {
+        self.call("drain", async {
             let r = req.into_inner();
-            self.leader().await?;
-            let (segment, objects, timeout) = {
-                let core = self.node.core.lock();
-                let sm = core.sm();
-                let node = sm
-                    .node_by_name(&r.node_name)
-                    .ok_or_else(|| Status::not_found(format!("no node named {:?}", r.node_name)))?;
-                let seg = sm.node_segment(node).ok_or_else(|| {
-                    Status::not_found(format!("node {:?} has no mounted segment", r.node_name))
-                })?;
-                (
-                    seg.id,
-                    seg.objects,
-                    if r.timeout_ms == 0 {
-                        core.config().drain_timeout_ms
-                    } else {
-                        r.timeout_ms
-                    },
-                )
-            };
-            let deadline_ms = self.node.clock.now().wall_ms + timeout;
-            match self
-                .propose(Command::DrainSegment {
-                    segment,
-                    deadline_ms,
-                })
-                .await?
-            {
-                Outcome::DrainSet => {
-                    tracing::info!(node = %r.node_name, %segment, timeout_ms = timeout, "draining");
-                    Ok(Response::new(pb::DrainResponse {
-                        node_id: segment.node,
-                        objects,
-                    }))
-                }
-                other => Err(Status::failed_precondition(format!(
-                    "drain answered {other:?}"
-                ))),
-            }
-        }
-        .await;
-        self.failed("drain", r)
+            let (segment, objects) = self.ops.drain(&r.node_name, r.timeout_ms).await?;
+            Ok(pb::DrainResponse {
+                node_id: segment.node,
+                objects,
+            })
+        })
+        .await
     }
 
     async fn meta_get(&self, req: Request<pb::MetaGetRequest>) -> Reply<pb::MetaGetResponse> {
-        self.count("meta_get");
-        let r = async {
+        self.call("meta_get", async {
             let key = req.into_inner().key;
-            self.check_keys(std::slice::from_ref(&key))?;
-            self.read().await?;
-            let core = self.node.core.lock();
-            Ok(Response::new(match core.sm().meta_get(&key) {
-                Some(v) => pb::MetaGetResponse {
-                    found: true,
-                    value: v.to_vec(),
-                },
-                None => pb::MetaGetResponse {
-                    found: false,
-                    value: Vec::new(),
-                },
-            }))
-        }
-        .await;
-        self.failed("meta_get", r)
+            let value = self.ops.meta_get(&key).await?;
+            Ok(pb::MetaGetResponse {
+                found: value.is_some(),
+                value: value.unwrap_or_default(),
+            })
+        })
+        .await
     }
 
     async fn meta_put(&self, req: Request<pb::MetaPutRequest>) -> Reply<pb::MetaResponse> {
-        self.count("meta_put");
-        let r = async {
+        self.call("meta_put", async {
             let r = req.into_inner();
-            self.check_keys(std::slice::from_ref(&r.key))?;
-            if r.value.len() > MAX_META_VALUE {
-                return Err(Status::invalid_argument(format!(
-                    "metadata value of {} bytes for {:?} exceeds {MAX_META_VALUE}",
-                    r.value.len(),
-                    r.key
-                )));
-            }
-            self.leader().await?;
-            match self
-                .propose(Command::MetaPut {
-                    key: r.key,
-                    value: r.value,
-                })
-                .await?
-            {
-                Outcome::Meta { existed } => Ok(Response::new(pb::MetaResponse { existed })),
-                other => Err(Status::internal(format!("meta_put answered {other:?}"))),
-            }
-        }
-        .await;
-        self.failed("meta_put", r)
+            Ok(pb::MetaResponse {
+                existed: self.ops.meta_put(r.key, r.value).await?,
+            })
+        })
+        .await
     }
 
     async fn meta_delete(&self, req: Request<pb::MetaDeleteRequest>) -> Reply<pb::MetaResponse> {
-        self.count("meta_delete");
-        let r = async {
+        self.call("meta_delete", async {
             let key = req.into_inner().key;
-            self.check_keys(std::slice::from_ref(&key))?;
-            self.leader().await?;
-            match self.propose(Command::MetaDelete { key }).await? {
-                Outcome::Meta { existed } => Ok(Response::new(pb::MetaResponse { existed })),
-                other => Err(Status::internal(format!("meta_delete answered {other:?}"))),
-            }
-        }
-        .await;
-        self.failed("meta_delete", r)
+            Ok(pb::MetaResponse {
+                existed: self.ops.meta_delete(key).await?,
+            })
+        })
+        .await
     }
 }
 
-fn raft_change_error<E: std::fmt::Display>(
-    what: &str,
-    e: openraft::error::RaftError<u64, E>,
-) -> Status {
-    use openraft::error::RaftError;
-    match &e {
-        RaftError::APIError(_) => Status::failed_precondition(format!("{what}: {e}")),
-        RaftError::Fatal(_) => Status::unavailable(format!("{what}: {e}")),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn errors_map_to_the_statuses_clients_act_on() {
+        let cases = [
+            (
+                Error::InvalidArgument("bad".into()),
+                Code::InvalidArgument,
+                "bad",
+            ),
+            (
+                Error::NotReady("first entry not applied".into()),
+                Code::Unavailable,
+                "leader not ready: first entry not applied",
+            ),
+            (
+                Error::NoLeaderState,
+                Code::Unavailable,
+                "leader state not built yet",
+            ),
+            (Error::Raft("lost".into()), Code::Unavailable, "raft: lost"),
+            (
+                Error::Unavailable("stopped".into()),
+                Code::Unavailable,
+                "stopped",
+            ),
+            (
+                Error::NoSuch("no node named \"x\"".into()),
+                Code::NotFound,
+                "no node named \"x\"",
+            ),
+            (
+                Error::Precondition("refused".into()),
+                Code::FailedPrecondition,
+                "refused",
+            ),
+            (
+                Error::Internal("mount answered X".into()),
+                Code::Internal,
+                "mount answered X",
+            ),
+        ];
+        for (e, code, msg) in cases {
+            let s = status(e);
+            assert_eq!((s.code(), s.message()), (code, msg));
+        }
+        let s = status(Error::NotLeader {
+            leader: Some((3, "127.0.0.1:50053".into())),
+        });
+        assert!(regolith_proto::leader::is_not_leader(&s), "{s:?}");
+        let hint = regolith_proto::leader::hint_of(&s).expect("hint");
+        assert_eq!((hint.id, hint.addr.as_str()), (3, "127.0.0.1:50053"));
     }
 }
