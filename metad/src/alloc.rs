@@ -196,11 +196,10 @@ impl RangeAlloc {
         if !self.is_free(e) {
             return false;
         }
-        let (&start, &end) = self
-            .free
-            .range(..=e.offset)
-            .next_back()
-            .expect("checked by is_free");
+        // `is_free` found this range; a miss would be a bug, answered as "not free".
+        let Some((&start, &end)) = self.free.range(..=e.offset).next_back() else {
+            return false;
+        };
         self.remove_range(start);
         if start < e.offset {
             self.insert_range(start, e.offset);

@@ -33,6 +33,10 @@
 //! Imports point one way (`run` → `grpc`, `http`, `node`; `http` → `node` → `ops`; `grpc` →
 //! `ops` → the core): no module imports one that imports it back.
 
+// No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic
+// a process; the few invariants that are ours alone say so where they are allowed.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod alloc;
 pub mod args;
 pub mod clock;

@@ -35,6 +35,9 @@ pub struct Metrics {
     pub snapshot_bytes: IntGauge,
 }
 
+// Metric names and options are constants of this file: a failure to build or register one is
+// a bug every test that starts a replica catches, never input from a peer.
+#[allow(clippy::expect_used)]
 fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(format!("regolith_metad_{name}"), help).expect("valid metric name");
     r.register(Box::new(g.clone())).expect("unique metric");
@@ -42,6 +45,7 @@ fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
 }
 
 impl Metrics {
+    #[allow(clippy::expect_used)] // constant names and options, as `gauge` says
     pub fn new() -> Self {
         let r = Registry::new();
         let buckets = vec![

@@ -360,7 +360,9 @@ impl StateMachine {
         if let Some(old) = self.node_segment.get(&node).copied() {
             dropped = self.unmount(old, UnmountReason::Dead, fx).unwrap_or(0);
         }
-        let rec = self.nodes.get_mut(&node).expect("inserted above");
+        let Some(rec) = self.nodes.get_mut(&node) else {
+            return Outcome::Conflict(format!("node {name:?}: no record"));
+        };
         rec.last_generation += 1;
         let id = SegmentId {
             node,
@@ -452,12 +454,17 @@ impl StateMachine {
             ));
         };
         for r in replicas {
-            let alloc = self.free.get_mut(&r.segment).expect("checked");
+            // `check_placement` found every segment and every extent free.
+            let (Some(alloc), Some(seg)) =
+                (self.free.get_mut(&r.segment), self.segments.get_mut(&r.segment))
+            else {
+                debug_assert!(false, "checked placement names a missing segment");
+                continue;
+            };
             for e in &r.extents {
                 let ok = alloc.take(e);
                 debug_assert!(ok, "checked free");
             }
-            let seg = self.segments.get_mut(&r.segment).expect("checked");
             seg.used += r.bytes();
             seg.objects += 1;
         }
@@ -717,6 +724,7 @@ impl StateMachine {
     }
 
     /// The snapshot bytes: equal bytes means equal replicated state.
+    #[allow(clippy::expect_used)] // writing to a Vec cannot fail
     pub fn snapshot_bytes(&self) -> Vec<u8> {
         let mut v = Vec::new();
         self.write_snapshot(&mut v)
