@@ -16,7 +16,9 @@
 //! * [`fdpass`] — file descriptors over a Unix socket (SCM_RIGHTS).
 //! * [`dataplane`] — the sidecar-to-sidecar data-plane wire protocol (handshake, slices).
 //! * [`uds`] — the client-to-sidecar protocol: opcodes and messages (`proto/uds.proto`).
-//! * [`daemon`] — logging, runtime and signal handling shared by the daemons.
+//! * [`daemon`] — the daemons' shared `main` shell: argv, logging, runtime, signals, exit code.
+//! * [`launch`] — [`launch::MetadLaunch`] / [`launch::SidecarLaunch`]: a daemon's command line,
+//!   typed, for every Rust launcher.
 //! * [`ports`] — free loopback ports outside the kernel's ephemeral range (harnesses, tools).
 //! * [`error`] — the crate's error enum.
 
@@ -28,6 +30,7 @@ pub mod dataplane;
 pub mod error;
 pub mod fdpass;
 pub mod frame;
+pub mod launch;
 pub mod leader;
 pub mod ports;
 pub mod uds;
