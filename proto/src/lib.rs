@@ -19,7 +19,6 @@
 //! * [`daemon`] — the daemons' shared `main` shell: argv, logging, runtime, signals, exit code.
 //! * [`launch`] — [`launch::MetadLaunch`] / [`launch::SidecarLaunch`]: a daemon's command line,
 //!   typed, for every Rust launcher.
-//! * [`ports`] — free loopback ports outside the kernel's ephemeral range (harnesses, tools).
 //! * [`error`] — the crate's error enum.
 
 pub mod auth;
@@ -32,7 +31,6 @@ pub mod fdpass;
 pub mod frame;
 pub mod launch;
 pub mod leader;
-pub mod ports;
 pub mod uds;
 pub mod units;
 
