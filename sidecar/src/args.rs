@@ -457,4 +457,33 @@ mod tests {
         assert_eq!(s.verbose, 1);
         assert_eq!(s.max_in_flight, 7);
     }
+
+    /// Every flag `python/regolith/_launch.py` starts a sidecar with is one of ours, and the
+    /// Python spawner names no flag of its own.
+    #[test]
+    fn the_python_spawners_flags_are_sidecar_flags() {
+        use clap::CommandFactory;
+        use regolith_test_support::python;
+        let text = std::fs::read_to_string(python::launch_file()).unwrap();
+        let cmd = Args::command();
+        for (_, flag) in python::flag_table(&text, "SIDECAR") {
+            let name = flag.strip_prefix("--").unwrap_or(&flag);
+            assert!(
+                cmd.get_arguments().any(|a| a.get_long() == Some(name)
+                    || a.get_all_aliases().is_some_and(|al| al.contains(&name))),
+                "_launch.py: regolith-sidecar has no flag {flag}"
+            );
+        }
+        let spawn = python::launch_file().with_file_name("_spawn.py");
+        let spawn = std::fs::read_to_string(spawn).unwrap();
+        for a in cmd.get_arguments() {
+            if let Some(long) = a.get_long() {
+                let literal = format!("\"--{long}\"");
+                assert!(
+                    !spawn.contains(&literal),
+                    "_spawn.py names {literal} itself"
+                );
+            }
+        }
+    }
 }
