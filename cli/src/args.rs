@@ -432,14 +432,10 @@ mod tests {
         let dir = python::launch_file();
         let tests = dir.parent().unwrap().join("../tests/cluster.py");
         let tests = std::fs::read_to_string(tests).unwrap();
-        for a in up.get_arguments() {
-            if let Some(long) = a.get_long() {
-                let literal = format!("\"--{long}\"");
-                assert!(
-                    !tests.contains(&literal),
-                    "tests/cluster.py names {literal} itself"
-                );
-            }
-        }
+        python::assert_spells_none(
+            &tests,
+            "tests/cluster.py",
+            up.get_arguments().filter_map(|a| a.get_long()),
+        );
     }
 }

@@ -52,6 +52,19 @@ pub fn string_const(text: &str, name: &str) -> String {
         .unwrap_or_else(|| panic!("no constant {name} in _launch.py"))
 }
 
+/// Asserts that `text` (the Python file `file`) spells none of the long flags `longs` as a
+/// string literal (`"--flag"`): it takes them from `_launch.py`.
+pub fn assert_spells_none<S: AsRef<str>>(
+    text: &str,
+    file: &str,
+    longs: impl IntoIterator<Item = S>,
+) {
+    for long in longs {
+        let literal = format!("\"--{}\"", long.as_ref());
+        assert!(!text.contains(&literal), "{file} names {literal} itself");
+    }
+}
+
 fn unquote(s: &str) -> String {
     s.trim().trim_matches('"').to_string()
 }
