@@ -21,7 +21,8 @@
 //! * [`http`] — `/metrics`, `/health`, `/ready`, `/status` and the HTTP metadata KV.
 //! * [`metrics`] — Prometheus metrics.
 //! * [`node`] — a running replica: wires everything, housekeeping, shutdown.
-//! * [`args`] — flags, TOML file, `REGOLITH_*` environment; [`run`] — the process entry point.
+//! * [`args`] — flags, TOML file, `REGOLITH_*` environment; [`run`] — the process entry point
+//!   (the shared `regolith_proto::daemon::main` shell around [`node::Node`]).
 //! * [`clock`] — the clocks handed to the core.
 
 pub mod alloc;

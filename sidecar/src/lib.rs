@@ -14,7 +14,8 @@
 //! * [`uds`] — the UDS server: hello with memfds, puts, gets, key operations.
 //! * [`http`] — `/metrics`, `/health`, `/ready`, `/status`; [`metrics`] — the Prometheus set.
 //! * [`args`] — flags, TOML, environment; [`state_file`] — the node's persistent identity.
-//! * [`run`] — the process entry point.
+//! * [`run`] — the process entry point (start-up order, shutdown) inside the shared
+//!   `regolith_proto::daemon::main` shell.
 //! * [`error`] — the crate's error enum.
 
 #![deny(unsafe_op_in_unsafe_fn)]
