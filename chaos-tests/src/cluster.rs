@@ -3,6 +3,7 @@
 //! `/status` from the observer for leader discovery and check (c).
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +13,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use parking_lot::Mutex;
 use regolith_proto::client::{ClientConfig, MetadClient};
+use regolith_proto::launch;
+use regolith_test_support::bins;
 
 use crate::error::{Error, Result};
 use crate::history::History;
@@ -23,23 +26,26 @@ pub const GRPC_PORT: u16 = 50051;
 pub const METRICS_PORT: u16 = 9003;
 pub const KV_PORT: u16 = 8080;
 
-/// How to start one metad: `program prefix_args… <flags> extra_args…`.
+/// Which metad binary to start, and the flags every replica gets beyond its own
+/// ([`launch::MetadLaunch::extra`]).
 #[derive(Clone, Debug)]
-pub struct MetadLaunch {
+pub struct MetadProgram {
     pub program: PathBuf,
-    /// Arguments before the flags (a multi-call binary's subcommand).
-    pub prefix_args: Vec<String>,
     pub extra_args: Vec<String>,
 }
 
-impl MetadLaunch {
-    /// Starts `program` (e.g. `env!("CARGO_BIN_EXE_chaos-metad")`) with [`chaos_flags`].
+impl MetadProgram {
+    /// Starts `program` with [`chaos_flags`].
     pub fn new(program: impl Into<PathBuf>) -> Self {
         Self {
             program: program.into(),
-            prefix_args: Vec::new(),
             extra_args: chaos_flags(),
         }
+    }
+
+    /// The real `regolith-metad` of this build ([`bins`]), with [`chaos_flags`].
+    pub fn built() -> Self {
+        Self::new(bins::path(bins::METAD))
     }
 }
 
@@ -149,7 +155,7 @@ impl Drop for Sampler {
 
 /// The metad replicas of a run.
 pub struct Cluster {
-    launch: MetadLaunch,
+    launch: MetadProgram,
     run_dir: PathBuf,
     token_file: PathBuf,
     token: String,
@@ -178,7 +184,7 @@ impl Cluster {
     /// metad hosts spare, and waits for a ready leader.
     pub fn start(
         topo: &Topology,
-        launch: MetadLaunch,
+        launch: MetadProgram,
         observer: Arc<NsRuntime>,
         history: History,
         initial: usize,
@@ -216,12 +222,11 @@ impl Cluster {
             history,
             sampler,
         };
-        let peers: Vec<String> = hosts[..initial]
+        let peers: Vec<(u64, String)> = hosts[..initial]
             .iter()
             .enumerate()
-            .map(|(i, h)| format!("{}={}", i + 1, grpc_addr(h)))
+            .map(|(i, h)| (i as u64 + 1, grpc_addr(h)))
             .collect();
-        let peers = peers.join(",");
         for (i, host) in hosts[..initial].iter().enumerate() {
             let id = i as u64 + 1;
             c.replicas.insert(id, c.new_replica(id, host.clone()));
@@ -242,35 +247,25 @@ impl Cluster {
         }
     }
 
-    fn args(&self, r: &Replica, peers: Option<&str>) -> Vec<String> {
+    fn args(&self, r: &Replica, peers: Option<&[(u64, String)]>) -> Vec<OsString> {
         let ip = r.host.addr();
-        let mut a = self.launch.prefix_args.clone();
-        a.extend([
-            "--id".into(),
-            r.id.to_string(),
-            "--listen".into(),
-            r.grpc(),
-            "--advertise".into(),
-            r.grpc(),
-            "--data-dir".into(),
-            r.data_dir.display().to_string(),
-            "--metrics-addr".into(),
-            r.http(),
-            "--cluster-token-file".into(),
-            self.token_file.display().to_string(),
-            "--enable-http-metadata-server".into(),
-            "--http-metadata-addr".into(),
-            format!("{ip}:{KV_PORT}"),
-        ]);
-        if let Some(p) = peers {
-            a.extend(["--peers".into(), p.to_string(), "--bootstrap".into()]);
+        launch::MetadLaunch {
+            listen: Some(r.grpc()),
+            advertise: Some(r.grpc()),
+            data_dir: Some(r.data_dir.clone()),
+            metrics_addr: Some(r.http()),
+            cluster_token_file: Some(self.token_file.clone()),
+            http_metadata_addr: Some(format!("{ip}:{KV_PORT}")),
+            peers: peers.map(<[_]>::to_vec).unwrap_or_default(),
+            bootstrap: peers.is_some(),
+            extra: self.launch.extra_args.iter().map(Into::into).collect(),
+            ..launch::MetadLaunch::new(r.id)
         }
-        a.extend(self.launch.extra_args.iter().cloned());
-        a
+        .args()
     }
 
     /// Starts replica `id` (`peers`: bootstrap a new cluster; `None`: restart, or join empty).
-    fn spawn(&mut self, id: u64, peers: Option<&str>) -> Result<()> {
+    fn spawn(&mut self, id: u64, peers: Option<&[(u64, String)]>) -> Result<()> {
         let r = self.replica(id)?;
         if r.running() {
             return Ok(());

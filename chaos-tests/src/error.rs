@@ -41,7 +41,8 @@ pub enum Error {
     #[error("cluster: {0}")]
     Cluster(String),
 
-    #[error("binary not found: {0}")]
+    /// The message names the `cargo build` command that makes the binary.
+    #[error("{}", missing_binary(.0))]
     MissingBinary(PathBuf),
 
     #[error("bad argument: {0}")]
@@ -65,3 +66,8 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn missing_binary(p: &std::path::Path) -> String {
+    let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+    regolith_test_support::bins::missing(name.as_deref().unwrap_or("binary"), p)
+}

@@ -1,5 +1,6 @@
-//! regolith-chaos: Regolith's chaos suite (design section 10). Real `regolith-metad` and
-//! `regolith-sidecar` processes run in network namespaces; named faults are
+//! regolith-chaos: Regolith's chaos suite (design section 10). The real `regolith-metad` and
+//! `regolith-sidecar` binaries of this build (no daemon library is linked: they are driven from
+//! outside) run in network namespaces; named faults are
 //! injected and healed on a seeded schedule while clients record every operation; a checker
 //! then looks for lost or wrong data, split leadership and missing recovery.
 //!

@@ -124,7 +124,12 @@ pub fn nft_delete_table(ns: &str, table: &str) -> Result<()> {
 /// Spawns `program args…` inside namespace `ns` (through `ip netns exec`, which execs the program
 /// itself, so the child's pid is the daemon's). The child gets SIGKILL if this thread dies, so an
 /// interrupted run leaves no daemon behind.
-pub fn spawn_in(ns: &str, program: &Path, args: &[String], log: &Path) -> Result<Child> {
+pub fn spawn_in(
+    ns: &str,
+    program: &Path,
+    args: &[impl AsRef<std::ffi::OsStr>],
+    log: &Path,
+) -> Result<Child> {
     let log_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::checker::{self, CheckInput, FaultWindow, Report};
-use crate::cluster::{Cluster, MetadLaunch};
+use crate::cluster::{Cluster, MetadProgram};
 use crate::error::Result;
 use crate::history::{EventKind, History};
 use crate::nemesis::{FaultCtx, Nemesis};
@@ -18,7 +18,7 @@ use crate::workload::{self, Running, Workload, WorkloadConfig};
 /// Settings of a run.
 #[derive(Clone, Debug)]
 pub struct HarnessConfig {
-    pub metad: MetadLaunch,
+    pub metad: MetadProgram,
     pub workload: WorkloadConfig,
     /// Check (d): puts and gets succeed again within this after a heal.
     pub recovery_limit: Duration,
@@ -31,7 +31,7 @@ pub struct HarnessConfig {
 }
 
 impl HarnessConfig {
-    pub fn new(metad: MetadLaunch) -> Self {
+    pub fn new(metad: MetadProgram) -> Self {
         Self {
             metad,
             workload: WorkloadConfig::default(),

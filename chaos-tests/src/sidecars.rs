@@ -30,6 +30,7 @@
 //! port locally.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -39,6 +40,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use regolith_client::{AsyncClient, ClientConfig, Error as ClientError, ReplicateConfig};
+use regolith_proto::launch::SidecarLaunch;
+use regolith_test_support::bins;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
@@ -56,23 +59,26 @@ pub const PROXY_PORT: u16 = 7601;
 /// The sidecars' HTTP port (`/status`, `/metrics`), on the first NIC.
 pub const METRICS_PORT: u16 = 9300;
 
-/// How to start one sidecar: `program prefix_args… <flags> extra_args…`.
+/// Which sidecar binary to start, and flags every sidecar gets beyond its own
+/// ([`SidecarLaunch::extra`]).
 #[derive(Clone, Debug)]
-pub struct SidecarLaunch {
+pub struct SidecarProgram {
     pub program: PathBuf,
-    /// Arguments before the flags (a multi-call binary's subcommand).
-    pub prefix_args: Vec<String>,
     pub extra_args: Vec<String>,
 }
 
-impl SidecarLaunch {
-    /// Starts `program` (e.g. `env!("CARGO_BIN_EXE_chaos-sidecar")`).
+impl SidecarProgram {
+    /// Starts `program`.
     pub fn new(program: impl Into<PathBuf>) -> Self {
         Self {
             program: program.into(),
-            prefix_args: Vec::new(),
             extra_args: Vec::new(),
         }
+    }
+
+    /// The real `regolith-sidecar` of this build ([`bins`]).
+    pub fn built() -> Self {
+        Self::new(bins::path(bins::SIDECAR))
     }
 }
 
@@ -122,7 +128,7 @@ impl ValueSizes {
 /// Settings of the sidecar workload.
 #[derive(Clone, Debug)]
 pub struct SidecarConfig {
-    pub launch: SidecarLaunch,
+    pub launch: SidecarProgram,
     /// Memory each sidecar contributes; large against keys × value size × replicas, so that
     /// nothing is evicted (the checker can account for evictions, but they blunt it).
     pub segment_size: u64,
@@ -139,7 +145,7 @@ pub struct SidecarConfig {
 }
 
 impl SidecarConfig {
-    pub fn new(launch: SidecarLaunch) -> Self {
+    pub fn new(launch: SidecarProgram) -> Self {
         Self {
             launch,
             segment_size: 96 << 20,
@@ -256,8 +262,9 @@ fn replica_locs(info: &regolith_client::PutInfo, gens: &HashMap<u64, u64>) -> Ve
 /// One sidecar host and its sidecar process.
 struct Node {
     host: Host,
-    launch: SidecarLaunch,
-    args: Vec<String>,
+    launch: SidecarProgram,
+    /// This sidecar's flags ([`sidecar_launch`]).
+    args: Vec<OsString>,
     log: PathBuf,
     socket: PathBuf,
     metrics_addr: String,
@@ -273,10 +280,7 @@ struct Node {
 
 impl Node {
     fn spawn(&self) -> Result<()> {
-        let mut args = self.launch.prefix_args.clone();
-        args.extend(self.args.iter().cloned());
-        args.extend(self.launch.extra_args.iter().cloned());
-        let child = netns::spawn_in(&self.host.ns, &self.launch.program, &args, &self.log)?;
+        let child = netns::spawn_in(&self.host.ns, &self.launch.program, &self.args, &self.log)?;
         tracing::info!(host = %self.host.name, pid = child.id(), "sidecar started");
         *self.child.lock() = Some(child);
         Ok(())
@@ -458,39 +462,30 @@ fn log_tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// The sidecar's flags for `host`.
-fn sidecar_args(cfg: &SidecarConfig, ctx: &HostCtx, socket: &Path, metrics: &str) -> Vec<String> {
+/// The sidecar of `host`.
+fn sidecar_launch(
+    cfg: &SidecarConfig,
+    ctx: &HostCtx,
+    socket: &Path,
+    metrics: &str,
+) -> SidecarLaunch {
     let host = &ctx.host;
-    let mut a: Vec<String> = vec![
-        "--node-name".into(),
-        host.name.clone(),
-        "--state-dir".into(),
-        ctx.run_dir
-            .join(format!("sidecar-{}-state", host.name))
-            .display()
-            .to_string(),
-        "--segment-size".into(),
-        cfg.segment_size.to_string(),
-        "--metad".into(),
-        ctx.metad_addrs.join(","),
-        "--cluster-token-file".into(),
-        ctx.token_file.display().to_string(),
-        "--data-port".into(),
-        DATA_PORT.to_string(),
-        "--socket".into(),
-        socket.display().to_string(),
-        "--metrics-addr".into(),
-        metrics.to_string(),
-        "--worker-threads".into(),
-        cfg.worker_threads.to_string(),
-        "--huge-pages".into(),
-        "never".into(),
-        "--test-hooks".into(),
-    ];
-    for nic in &host.nics {
-        a.extend(["--nic".into(), nic.addr.to_string()]);
+    SidecarLaunch {
+        node_name: Some(host.name.clone()),
+        state_dir: Some(ctx.run_dir.join(format!("sidecar-{}-state", host.name))),
+        segment_size: Some(cfg.segment_size.to_string()),
+        metad: ctx.metad_addrs.clone(),
+        cluster_token_file: Some(ctx.token_file.clone()),
+        data_port: Some(DATA_PORT),
+        socket: Some(socket.to_path_buf()),
+        metrics_addr: Some(metrics.to_string()),
+        worker_threads: Some(cfg.worker_threads),
+        huge_pages: Some("never".into()),
+        test_hooks: true,
+        nics: host.nics.iter().map(|nic| nic.addr.to_string()).collect(),
+        extra: cfg.launch.extra_args.iter().map(Into::into).collect(),
+        ..SidecarLaunch::default()
     }
-    a
 }
 
 /// The nftables table that routes peers' data-plane connections to `host`'s proxies.
@@ -581,7 +576,7 @@ impl Workload for SidecarWorkload {
         let socket = ctx.run_dir.join(format!("{}.sock", host.name));
         let metrics_addr = format!("{}:{METRICS_PORT}", host.addr());
         let node = Arc::new(Node {
-            args: sidecar_args(&self.cfg, &ctx, &socket, &metrics_addr),
+            args: sidecar_launch(&self.cfg, &ctx, &socket, &metrics_addr).args(),
             launch: self.cfg.launch.clone(),
             log: ctx.run_dir.join(format!("sidecar-{}.log", host.name)),
             socket,
@@ -963,7 +958,7 @@ mod tests {
                 ns: "none".into(),
                 nics: vec![],
             },
-            launch: SidecarLaunch::new("/nonexistent"),
+            launch: SidecarProgram::new("/nonexistent"),
             args: vec![],
             log: PathBuf::from("/nonexistent"),
             socket: PathBuf::from("/nonexistent"),

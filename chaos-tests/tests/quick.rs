@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{init_logs, METAD, SIDECAR};
-use regolith_chaos::cluster::{Cluster, MetadLaunch};
+use common::init_logs;
+use regolith_chaos::cluster::{Cluster, MetadProgram};
 use regolith_chaos::firewall::{self, Rule};
 use regolith_chaos::history::History;
 use regolith_chaos::metad_only::{MetadOnly, MetadOnlyConfig};
@@ -16,7 +16,7 @@ use regolith_chaos::netns::{self, NsRuntime, Topology};
 use regolith_chaos::proxy::Proxy;
 use regolith_chaos::run::{run_profile, HarnessConfig, RunOutcome};
 use regolith_chaos::schedule;
-use regolith_chaos::sidecars::{SidecarConfig, SidecarLaunch, SidecarWorkload};
+use regolith_chaos::sidecars::{SidecarConfig, SidecarProgram, SidecarWorkload};
 use regolith_proto::client::{ClientConfig, MetadClient};
 
 const CHAOS: &str = env!("CARGO_BIN_EXE_regolith-chaos");
@@ -163,7 +163,7 @@ fn proxy_in_front_of_a_metad_port_adds_latency_and_drops_connections() {
     let observer = Arc::new(NsRuntime::new(&topo.bridge_ns, 1).unwrap());
     let cluster = Cluster::start(
         &topo,
-        MetadLaunch::new(METAD),
+        MetadProgram::built(),
         observer.clone(),
         History::new(),
         3,
@@ -272,11 +272,11 @@ fn quick_profile() {
     init_logs();
     let _one = one_profile_at_a_time();
     let seed = seed();
-    let mut cfg = HarnessConfig::new(MetadLaunch::new(METAD));
+    let mut cfg = HarnessConfig::new(MetadProgram::built());
     cfg.workload.seed = seed;
     let steps = schedule::quick(seed, true);
     let started = Instant::now();
-    let workload = SidecarWorkload::new(SidecarConfig::new(SidecarLaunch::new(SIDECAR)));
+    let workload = SidecarWorkload::new(SidecarConfig::new(SidecarProgram::built()));
     let outcome = run_profile(cfg, workload, steps, None).expect("the harness ran");
     print_outcome("quick profile (sidecars)", seed, started, &outcome);
     assert!(
@@ -298,7 +298,7 @@ fn quick_profile_metad_only() {
     init_logs();
     let _one = one_profile_at_a_time();
     let seed = seed();
-    let mut cfg = HarnessConfig::new(MetadLaunch::new(METAD));
+    let mut cfg = HarnessConfig::new(MetadProgram::built());
     cfg.workload.seed = seed;
     let steps = schedule::quick(seed, false);
     let started = Instant::now();
@@ -324,7 +324,7 @@ fn metad_client_reaches_the_new_leader_when_the_old_one_is_partitioned() {
     let observer = Arc::new(NsRuntime::new(&topo.bridge_ns, 1).unwrap());
     let cluster = Cluster::start(
         &topo,
-        MetadLaunch::new(METAD),
+        MetadProgram::built(),
         observer.clone(),
         History::new(),
         3,
@@ -370,7 +370,7 @@ fn a_resumed_deposed_leader_serves_no_stale_reads() {
     let observer = Arc::new(NsRuntime::new(&topo.bridge_ns, 1).unwrap());
     let mut cluster = Cluster::start(
         &topo,
-        MetadLaunch::new(METAD),
+        MetadProgram::built(),
         observer.clone(),
         History::new(),
         3,

@@ -12,12 +12,12 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{init_logs, METAD, SIDECAR};
-use regolith_chaos::cluster::{Cluster, MetadLaunch};
+use common::init_logs;
+use regolith_chaos::cluster::{Cluster, MetadProgram};
 use regolith_chaos::firewall::{self, Rule};
 use regolith_chaos::history::History;
 use regolith_chaos::netns::{self, Host, NsRuntime, Topology};
-use regolith_chaos::sidecars::{SidecarConfig, SidecarLaunch, SidecarWorkload};
+use regolith_chaos::sidecars::{SidecarConfig, SidecarProgram, SidecarWorkload};
 use regolith_chaos::value;
 use regolith_chaos::workload::Workload;
 use regolith_client::{pb::Code, AsyncClient, ClientConfig, Error, ReplicateConfig};
@@ -37,9 +37,9 @@ impl Rig {
         let observer = Arc::new(NsRuntime::new(&topo.bridge_ns, 1).unwrap());
         let history = History::new();
         let cluster =
-            Cluster::start(&topo, MetadLaunch::new(METAD), observer, history.clone(), 3).unwrap();
+            Cluster::start(&topo, MetadProgram::built(), observer, history.clone(), 3).unwrap();
         let workload = Arc::new(SidecarWorkload::new(SidecarConfig::new(
-            SidecarLaunch::new(SIDECAR),
+            SidecarProgram::built(),
         )));
         let mut runtimes = Vec::new();
         for name in ["s1", "s2"] {

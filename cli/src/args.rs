@@ -406,4 +406,36 @@ mod tests {
             assert_eq!(e.exit_code(), 2, "{args:?}");
         }
     }
+
+    /// Every flag `python/regolith/_launch.py` runs `regolith up` with is one of ours, and the
+    /// Python test cluster names no flag of its own.
+    #[test]
+    fn the_python_test_clusters_flags_are_regolith_up_flags() {
+        use clap::CommandFactory;
+        use regolith_test_support::python;
+        let text = std::fs::read_to_string(python::launch_file()).unwrap();
+        let has = |cmd: &clap::Command, flag: &str| {
+            let name = flag.strip_prefix("--").unwrap_or(flag);
+            cmd.get_arguments().any(|a| a.get_long() == Some(name))
+        };
+        let cli = Cli::command();
+        for (_, flag) in python::flag_table(&text, "CLI_GLOBAL") {
+            assert!(has(&cli, &flag), "_launch.py: regolith has no flag {flag}");
+        }
+        let sub = python::string_const(&text, "UP_COMMAND");
+        let up = cli
+            .find_subcommand(&sub)
+            .unwrap_or_else(|| panic!("_launch.py: regolith has no subcommand {sub}"));
+        for (_, flag) in python::flag_table(&text, "UP") {
+            assert!(has(up, &flag), "_launch.py: regolith up has no flag {flag}");
+        }
+        let dir = python::launch_file();
+        let tests = dir.parent().unwrap().join("../tests/cluster.py");
+        let tests = std::fs::read_to_string(tests).unwrap();
+        python::assert_spells_none(
+            &tests,
+            "tests/cluster.py",
+            up.get_arguments().filter_map(|a| a.get_long()),
+        );
+    }
 }

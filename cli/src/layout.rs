@@ -125,13 +125,17 @@ pub fn plan(metad: u8, sidecars: u8, base_port: Option<u16>) -> Result<Layout> {
 }
 
 impl Layout {
-    /// `1=127.0.0.1:50051,2=...`: metad's `--peers`.
-    pub fn peers(&self) -> String {
+    /// `(1, "127.0.0.1:50051"), (2, ...)`: the initial metad members.
+    pub fn members(&self) -> Vec<(u64, String)> {
         self.metad
             .iter()
-            .map(|m| format!("{}={}", m.id, m.grpc))
-            .collect::<Vec<_>>()
-            .join(",")
+            .map(|m| (m.id, m.grpc.to_string()))
+            .collect()
+    }
+
+    /// `1=127.0.0.1:50051,2=...`: metad's `--peers`.
+    pub fn peers(&self) -> String {
+        regolith_proto::launch::peers_arg(&self.members())
     }
 
     /// `127.0.0.1:50051,...`: the sidecars' `--metad`.

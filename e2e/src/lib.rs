@@ -3,8 +3,11 @@
 //! * [`Cluster`] — three (or more) `regolith-metad` replicas and N `regolith-sidecar`s, each
 //!   sidecar with two NIC addresses of its own in 127.0.0.0/8, a cluster token, temp dirs; kill,
 //!   restart, `/metrics` and `/status` of every process. Everything it starts it kills on drop.
-//! * The processes are this crate's thin binaries (`e2e-metad`, `e2e-sidecar`), which call the
-//!   daemons' library entry points, so `cargo test -p regolith-e2e` builds what it runs.
+//! * The processes are the real `regolith-metad` and `regolith-sidecar` binaries of this build
+//!   ([`regolith_test_support::bins`]: beside the test executable, or `$REGOLITH_BIN_DIR`),
+//!   started with [`MetadLaunch`] / [`SidecarLaunch`] command lines. `cargo test --workspace`
+//!   builds them before any test runs; alone, `cargo test -p regolith-e2e` needs them built
+//!   first (`cargo build -p regolith-metad -p regolith-sidecar -p regolith-cli`).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -13,6 +16,24 @@ use std::time::{Duration, Instant};
 
 use regolith_client::{Client, ClientConfig};
 use regolith_proto::client::{ClientConfig as MetadConfig, MetadClient};
+use regolith_proto::launch::{MetadLaunch, SidecarLaunch};
+use regolith_test_support::bins;
+
+/// The real `regolith-metad` of this build (panics, naming the `cargo build` command, when it
+/// is missing).
+pub fn metad_bin() -> PathBuf {
+    bins::require(bins::METAD)
+}
+
+/// The real `regolith-sidecar` of this build.
+pub fn sidecar_bin() -> PathBuf {
+    bins::require(bins::SIDECAR)
+}
+
+/// The real `regolith` CLI of this build.
+pub fn regolith_bin() -> PathBuf {
+    bins::require(bins::CLI)
+}
 
 /// The value the tests put under `key`: bytes derived from the key, so any byte read can be
 /// traced to the key that wrote it.
@@ -31,9 +52,9 @@ pub fn value(key: &str, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A free loopback port outside the ephemeral range (see `regolith_proto::ports`).
+/// A free loopback port outside the ephemeral range (see `regolith_test_support::ports`).
 pub fn free_port() -> u16 {
-    regolith_proto::ports::free_loopback_port()
+    regolith_test_support::free_loopback_port()
 }
 
 /// A minimal HTTP GET over a plain socket.
@@ -133,13 +154,11 @@ fn nic_ips(i: usize) -> Vec<String> {
 
 impl Cluster {
     /// Three metad replicas and one sidecar per entry of `segment_sizes` (e.g. "256MiB", "0").
-    pub fn start(metad_bin: &str, sidecar_bin: &str, segment_sizes: &[&str]) -> Self {
-        Self::start_with(metad_bin, sidecar_bin, segment_sizes, &[], &[])
+    pub fn start(segment_sizes: &[&str]) -> Self {
+        Self::start_with(segment_sizes, &[], &[])
     }
 
     pub fn start_with(
-        metad_bin: &str,
-        sidecar_bin: &str,
         segment_sizes: &[&str],
         metad_extra: &[&str],
         sidecar_extra: &[&str],
@@ -151,8 +170,8 @@ impl Cluster {
             metad: Vec::new(),
             sidecars: Vec::new(),
             token_file,
-            metad_bin: metad_bin.into(),
-            sidecar_bin: sidecar_bin.into(),
+            metad_bin: metad_bin(),
+            sidecar_bin: sidecar_bin(),
             dir,
         };
         for id in 1..=3u64 {
@@ -167,15 +186,15 @@ impl Cluster {
                 },
             });
         }
-        let peers = c
-            .metad
-            .iter()
-            .map(|m| format!("{}={}", m.id, m.grpc))
-            .collect::<Vec<_>>()
-            .join(",");
-        let extra: Vec<String> = metad_extra.iter().map(|s| s.to_string()).collect();
+        let peers: Vec<(u64, String)> = c.metad.iter().map(|m| (m.id, m.grpc.clone())).collect();
         for i in 0..c.metad.len() {
-            c.spawn_metad(i, &peers, &extra);
+            let launch = MetadLaunch {
+                peers: peers.clone(),
+                bootstrap: true,
+                extra: metad_extra.iter().map(Into::into).collect(),
+                ..c.metad_launch(i)
+            };
+            c.spawn_metad(i, &launch, &[("RUST_LOG", "info,regolith_metad=debug")]);
         }
         c.wait_leader(Duration::from_secs(20));
         for (i, size) in segment_sizes.iter().enumerate() {
@@ -202,7 +221,23 @@ impl Cluster {
         c
     }
 
-    fn spawn_metad(&mut self, i: usize, peers: &str, extra: &[String]) {
+    /// Replica `i`'s own flags: addresses, data dir, token; no `--peers`/`--bootstrap` (a
+    /// restart of a member needs neither).
+    pub fn metad_launch(&self, i: usize) -> MetadLaunch {
+        let m = &self.metad[i];
+        MetadLaunch {
+            listen: Some(m.grpc.clone()),
+            advertise: Some(m.grpc.clone()),
+            metrics_addr: Some(m.http.clone()),
+            worker_threads: Some(1),
+            data_dir: Some(m.dir.clone()),
+            cluster_token_file: Some(self.token_file.clone()),
+            ..MetadLaunch::new(m.id)
+        }
+    }
+
+    /// Starts replica `i` with `launch`'s flags and `env`, appending its stderr to its log.
+    pub fn spawn_metad(&mut self, i: usize, launch: &MetadLaunch, env: &[(&str, &str)]) {
         let m = &mut self.metad[i];
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -210,23 +245,8 @@ impl Cluster {
             .open(&m.proc.log)
             .expect("log");
         let child = Command::new(&self.metad_bin)
-            .args([
-                "--id",
-                &m.id.to_string(),
-                "--listen",
-                &m.grpc,
-                "--advertise",
-                &m.grpc,
-                "--metrics-addr",
-                &m.http,
-            ])
-            .args(["--peers", peers, "--bootstrap", "--worker-threads", "1"])
-            .arg("--data-dir")
-            .arg(&m.dir)
-            .arg("--cluster-token-file")
-            .arg(&self.token_file)
-            .args(extra)
-            .env("RUST_LOG", "info,regolith_metad=debug")
+            .args(launch.args())
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -251,33 +271,22 @@ impl Cluster {
             .append(true)
             .open(&s.proc.log)
             .expect("log");
+        let launch = SidecarLaunch {
+            node_name: Some(s.name.clone()),
+            metad: vec![metad],
+            segment_size: Some(s.segment_size.clone()),
+            data_port: Some(s.data_port),
+            metrics_addr: Some(s.http.clone()),
+            worker_threads: Some(2),
+            socket: Some(s.socket.clone()),
+            state_dir: Some(s.state_dir.clone()),
+            cluster_token_file: Some(self.token_file.clone()),
+            nics: s.nics.clone(),
+            extra: s.extra.iter().map(Into::into).collect(),
+            ..SidecarLaunch::default()
+        };
         let mut cmd = Command::new(&self.sidecar_bin);
-        cmd.args([
-            "--node-name",
-            &s.name,
-            "--metad",
-            &metad,
-            "--segment-size",
-            &s.segment_size,
-        ])
-        .args([
-            "--data-port",
-            &s.data_port.to_string(),
-            "--metrics-addr",
-            &s.http,
-            "--worker-threads",
-            "2",
-        ])
-        .arg("--socket")
-        .arg(&s.socket)
-        .arg("--state-dir")
-        .arg(&s.state_dir)
-        .arg("--cluster-token-file")
-        .arg(&self.token_file);
-        for n in &s.nics {
-            cmd.args(["--nic", n]);
-        }
-        cmd.args(&s.extra)
+        cmd.args(launch.args())
             .env("RUST_LOG", "info,regolith_sidecar=debug")
             .stdout(Stdio::null())
             .stderr(log);

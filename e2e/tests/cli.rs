@@ -10,9 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const REGOLITH: &str = env!("CARGO_BIN_EXE_e2e-regolith");
-const METAD: &str = env!("CARGO_BIN_EXE_e2e-metad");
-const SIDECAR: &str = env!("CARGO_BIN_EXE_e2e-sidecar");
+use regolith_e2e::{metad_bin, regolith_bin, sidecar_bin};
 
 /// `regolith up --base-port P` takes P..P+49 on 127.0.0.1 and the sidecars' NIC addresses.
 fn block_is_free(base: u16, sidecars: u8) -> bool {
@@ -38,7 +36,7 @@ fn free_base_port() -> u16 {
 
 /// A `regolith` command with a clean environment (no REGOLITH_* of the caller).
 fn regolith(dir: &Path) -> Command {
-    let mut c = Command::new(REGOLITH);
+    let mut c = Command::new(regolith_bin());
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("REGOLITH_") {
             c.env_remove(k);
@@ -108,7 +106,10 @@ impl Up {
     fn start(dir: &Path, base: u16) -> Up {
         let mut c = regolith(dir);
         c.args(["up", "--base-port", &base.to_string()])
-            .args(["--metad-bin", METAD, "--sidecar-bin", SIDECAR])
+            .arg("--metad-bin")
+            .arg(metad_bin())
+            .arg("--sidecar-bin")
+            .arg(sidecar_bin())
             .args(["--segment-size", "64MiB", "--ready-timeout", "90s"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -311,7 +312,7 @@ fn up_put_get_status_ls_rm_and_a_clean_stop() {
     assert_eq!(st["keys"], 2, "{st}");
     // ... and through the printed export lines, from another directory.
     let elsewhere = tempfile::tempdir().unwrap();
-    let mut c = Command::new(REGOLITH);
+    let mut c = Command::new(regolith_bin());
     c.current_dir(elsewhere.path())
         .env("REGOLITH_METAD", &metad_list)
         .env("REGOLITH_CLUSTER_TOKEN_FILE", dir.join("token"))

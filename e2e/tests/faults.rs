@@ -12,8 +12,6 @@ use regolith_client::{Error, ReplicateConfig};
 use regolith_e2e::{metric, value, Cluster};
 use regolith_proto::metad as mpb;
 
-const METAD: &str = env!("CARGO_BIN_EXE_e2e-metad");
-const SIDECAR: &str = env!("CARGO_BIN_EXE_e2e-sidecar");
 const CLIENT: &str = env!("CARGO_BIN_EXE_e2e-client");
 
 fn rt() -> tokio::runtime::Runtime {
@@ -36,13 +34,7 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn sidecar_kill_keeps_replicated_objects_and_never_returns_wrong_bytes() {
-    let mut c = Cluster::start_with(
-        METAD,
-        SIDECAR,
-        &["64MiB", "64MiB", "64MiB"],
-        &["--node-ttl", "3s"],
-        &[],
-    );
+    let mut c = Cluster::start_with(&["64MiB", "64MiB", "64MiB"], &["--node-ttl", "3s"], &[]);
     let a = c.client(0);
     let r2 = ReplicateConfig {
         replica_num: 2,
@@ -89,7 +81,7 @@ fn sidecar_kill_keeps_replicated_objects_and_never_returns_wrong_bytes() {
 
 #[test]
 fn client_killed_mid_put_leaves_nothing_and_restarted_clients_see_earlier_puts() {
-    let c = Cluster::start(METAD, SIDECAR, &["64MiB", "64MiB"]);
+    let c = Cluster::start(&["64MiB", "64MiB"]);
     let sock = c.socket(0).to_str().unwrap().to_string();
     // A worker process puts, then exits; a new process (a restarted worker) gets it.
     let st = Command::new(CLIENT)
@@ -147,7 +139,7 @@ fn client_killed_mid_put_leaves_nothing_and_restarted_clients_see_earlier_puts()
 
 #[test]
 fn puts_resume_after_metad_leader_kill_and_every_acked_put_is_readable() {
-    let mut c = Cluster::start(METAD, SIDECAR, &["128MiB", "128MiB"]);
+    let mut c = Cluster::start(&["128MiB", "128MiB"]);
     let acked = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
@@ -220,7 +212,7 @@ fn segment_file(pid: u32) -> std::fs::File {
 #[test]
 fn corruption_is_a_miss_and_is_counted() {
     use std::os::unix::fs::FileExt;
-    let c = Cluster::start(METAD, SIDECAR, &["64MiB", "64MiB"]);
+    let c = Cluster::start(&["64MiB", "64MiB"]);
     let a = c.client(0);
     let v = value("victim", 1 << 20);
     a.put(
@@ -265,7 +257,7 @@ fn corruption_is_a_miss_and_is_counted() {
 
 #[test]
 fn leader_change_mid_put_leaves_no_overlap_and_in_flight_reports_are_adopted() {
-    let mut c = Cluster::start(METAD, SIDECAR, &["512MiB", "512MiB", "512MiB"]);
+    let mut c = Cluster::start(&["512MiB", "512MiB", "512MiB"]);
     let a = c.client(0);
     let big = value("big", 160 << 20);
     let rt = rt();
@@ -325,34 +317,8 @@ fn leader_change_mid_put_leaves_no_overlap_and_in_flight_reports_are_adopted() {
 }
 
 fn restart_metad(c: &mut Cluster, idx: usize) {
-    let m = &mut c.metad[idx];
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&m.proc.log)
-        .unwrap();
-    let child = Command::new(METAD)
-        .args([
-            "--id",
-            &m.id.to_string(),
-            "--listen",
-            &m.grpc,
-            "--advertise",
-            &m.grpc,
-            "--metrics-addr",
-            &m.http,
-            "--worker-threads",
-            "1",
-        ])
-        .arg("--data-dir")
-        .arg(&m.dir)
-        .arg("--cluster-token-file")
-        .arg(&c.token_file)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    m.proc.child = Some(child);
+    let launch = c.metad_launch(idx);
+    c.spawn_metad(idx, &launch, &[]);
 }
 
 /// Invariant 2 from outside: no two live objects share a byte of a segment.
@@ -407,13 +373,7 @@ fn assert_no_overlap(rt: &tokio::runtime::Runtime, mc: &regolith_proto::client::
 
 #[test]
 fn a_32mib_transfer_uses_both_nics_and_survives_losing_one() {
-    let c = Cluster::start_with(
-        METAD,
-        SIDECAR,
-        &["256MiB", "256MiB"],
-        &[],
-        &["--test-hooks"],
-    );
+    let c = Cluster::start_with(&["256MiB", "256MiB"], &[], &["--test-hooks"]);
     let a = c.client(0);
     let b = c.client(1);
     let v = value("striped", 32 << 20);

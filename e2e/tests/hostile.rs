@@ -12,9 +12,6 @@ use regolith_proto::dataplane::{self, HelloReply, Kind, Reply, Request, Status};
 use regolith_proto::frame;
 use regolith_proto::uds::{pb, Op};
 
-const METAD: &str = env!("CARGO_BIN_EXE_e2e-metad");
-const SIDECAR: &str = env!("CARGO_BIN_EXE_e2e-sidecar");
-
 fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     s.lines()
@@ -66,7 +63,7 @@ fn frames(bytes: &[u8]) -> Vec<frame::Frame> {
 
 #[test]
 fn garbage_on_the_socket_gets_errors_and_harms_no_one() {
-    let c = Cluster::start(METAD, SIDECAR, &["64MiB", "64MiB"]);
+    let c = Cluster::start(&["64MiB", "64MiB"]);
     let good = c.client(0);
     good.put(
         "before",
@@ -187,7 +184,7 @@ fn garbage_on_the_socket_gets_errors_and_harms_no_one() {
 
 #[test]
 fn garbage_on_the_data_port_is_refused() {
-    let c = Cluster::start(METAD, SIDECAR, &["64MiB", "64MiB"]);
+    let c = Cluster::start(&["64MiB", "64MiB"]);
     let a = c.client(0);
     a.put(
         "kept",

@@ -5,12 +5,9 @@ use std::time::Duration;
 use regolith_client::{Dest, ReplicateConfig, Source};
 use regolith_e2e::{value, Cluster};
 
-const METAD: &str = env!("CARGO_BIN_EXE_e2e-metad");
-const SIDECAR: &str = env!("CARGO_BIN_EXE_e2e-sidecar");
-
 #[test]
 fn put_on_a_get_on_b_byte_exact() {
-    let c = Cluster::start(METAD, SIDECAR, &["256MiB", "256MiB"]);
+    let c = Cluster::start(&["256MiB", "256MiB"]);
     let a = c.client(0);
     let b = c.client(1);
     assert_eq!(a.node_name().unwrap(), "node-a");
@@ -72,7 +69,7 @@ fn put_on_a_get_on_b_byte_exact() {
 
 #[test]
 fn batches_replicas_and_shared_buffers() {
-    let c = Cluster::start(METAD, SIDECAR, &["128MiB", "128MiB", "128MiB"]);
+    let c = Cluster::start(&["128MiB", "128MiB", "128MiB"]);
     let a = c.client(0);
     let b = c.client(1);
     // Batch put from A with two replicas: distinct nodes.
@@ -159,13 +156,7 @@ fn batches_replicas_and_shared_buffers() {
 #[test]
 fn consumer_only_node_sigterm_unmount_and_remount_after_being_declared_dead() {
     use nix::sys::signal::Signal;
-    let mut c = Cluster::start_with(
-        METAD,
-        SIDECAR,
-        &["64MiB", "0", "64MiB"],
-        &["--node-ttl", "2s"],
-        &[],
-    );
+    let mut c = Cluster::start_with(&["64MiB", "0", "64MiB"], &["--node-ttl", "2s"], &[]);
     // A consumer-only node (segment size 0) puts to and gets from the others.
     let consumer = c.client(1);
     let v = value("from-consumer", 2 << 20);

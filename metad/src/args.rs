@@ -186,19 +186,17 @@ pub struct Settings {
     pub json_logs: bool,
 }
 
-/// Rewrites Mooncake's `-v=N` / `--v=N` into N `-v` flags.
-pub fn normalize_argv(argv: impl IntoIterator<Item = String>) -> Vec<String> {
-    let mut out = Vec::new();
-    for a in argv {
-        match a.strip_prefix("-v=").or_else(|| a.strip_prefix("--v=")) {
-            Some(n) => {
-                let n: usize = n.parse().unwrap_or(1);
-                out.extend(std::iter::repeat_n("-v".to_string(), n.min(4)));
-            }
-            None => out.push(a),
+pub use regolith_proto::daemon::normalize_argv;
+
+impl Settings {
+    /// What the daemons' `main` shell needs: logging and runtime threads.
+    pub fn process(&self) -> regolith_proto::daemon::Process {
+        regolith_proto::daemon::Process {
+            verbose: self.verbose,
+            json_logs: self.json_logs,
+            worker_threads: self.worker_threads,
         }
     }
-    out
 }
 
 /// Parses `1=HOST:PORT,2=HOST:PORT`.
@@ -538,5 +536,44 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("idd"), "{e}");
+    }
+
+    #[test]
+    fn every_field_of_the_launch_description_is_a_flag_metad_accepts() {
+        use regolith_proto::launch::MetadLaunch;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "launch-token\n").unwrap();
+        let launch = MetadLaunch {
+            listen: Some("127.0.0.1:6001".into()),
+            advertise: Some("10.0.0.1:6001".into()),
+            peers: vec![(1, "127.0.0.1:6000".into()), (2, "127.0.0.1:6001".into())],
+            bootstrap: true,
+            data_dir: Some(dir.path().join("data")),
+            metrics_addr: Some("127.0.0.1:6002".into()),
+            cluster_token_file: Some(token),
+            http_metadata_addr: Some("127.0.0.1:6003".into()),
+            worker_threads: Some(3),
+            verbose: 2,
+            extra: vec!["--node-ttl".into(), "3s".into()],
+            ..MetadLaunch::new(2)
+        };
+        let argv = std::iter::once("regolith-metad".into()).chain(launch.args());
+        let s = Args::try_parse_from(normalize_argv(argv))
+            .unwrap()
+            .resolve()
+            .unwrap();
+        assert_eq!(s.id, 2);
+        assert_eq!(s.listen.to_string(), "127.0.0.1:6001");
+        assert_eq!(s.advertise, "10.0.0.1:6001");
+        assert_eq!(s.peers.len(), 2);
+        assert!(s.bootstrap);
+        assert_eq!(s.data_dir, dir.path().join("data"));
+        assert_eq!(s.metrics_addr.to_string(), "127.0.0.1:6002");
+        assert_eq!(s.token.as_deref(), Some("launch-token"));
+        assert_eq!(s.http_metadata_addr.unwrap().to_string(), "127.0.0.1:6003");
+        assert_eq!(s.worker_threads, Some(3));
+        assert_eq!(s.verbose, 2);
+        assert_eq!(s.cache.node_ttl_ms, 3000);
     }
 }

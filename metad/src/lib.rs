@@ -26,8 +26,9 @@
 //! * [`metrics`] — Prometheus metrics.
 //! * [`node`] — a running replica: storage, Raft and the [`ops`] handles, housekeeping, the
 //!   summary log.
-//! * [`args`] — flags, TOML file, `REGOLITH_*` environment; [`run`] — the process entry point,
-//!   the listeners (bound before storage and Raft) and the servers on them.
+//! * [`args`] — flags, TOML file, `REGOLITH_*` environment; [`run`] — the process entry point
+//!   (the shared `regolith_proto::daemon::main` shell), the listeners (bound before storage and
+//!   Raft) and the servers on them.
 //! * [`clock`] — the clocks handed to the core.
 //!
 //! Imports point one way (`run` → `grpc`, `http`, `node`; `http` → `node` → `ops`; `grpc` →

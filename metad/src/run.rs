@@ -1,11 +1,11 @@
-//! The process entry point shared by the `regolith-metad` binary and the test harnesses' thin
-//! binaries: argument parsing, logging, signals, the runtime; and the servers: the listeners,
-//! bound before storage and Raft start, and the gRPC and HTTP servers on them.
+//! The process entry point of the `regolith-metad` binary: the daemons' shared `main` shell
+//! ([`regolith_proto::daemon::main`]: argument parsing, logging, signals, the runtime) around
+//! [`Replica`]: the listeners, bound before storage and Raft start, and the gRPC and HTTP
+//! servers on them.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
 use regolith_proto::auth::TokenCheck;
 use regolith_proto::metad::metad_server::MetadServer;
 use regolith_proto::raft::raft_server::RaftServer;
@@ -13,74 +13,33 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 
-use crate::args::{normalize_argv, Args, Settings};
+use crate::args::{Args, Settings};
 use crate::error::{Error, Result};
 use crate::grpc::metad::MetadService;
 use crate::grpc::raft::RaftService;
 use crate::node;
 use regolith_proto::daemon;
 
-// `main_with_args` starts and serves a `Node`: here, the replica with its listeners.
-use self::Replica as Node;
-
 /// Logs on stderr; `-v` debug and `-vv` trace for Regolith's crates; `RUST_LOG` overrides.
-pub fn init_logging(verbose: u8, json: bool) {
-    daemon::init_logging(
-        &[
-            "info",
-            "info,regolith_metad=debug,regolith_raft_log=debug,regolith_proto=debug",
-            "debug,regolith_metad=trace,regolith_raft_log=trace,openraft=debug",
-        ],
-        verbose,
-        json,
-    );
-}
+pub const SHELL: daemon::Shell = daemon::Shell {
+    name: "regolith-metad",
+    log_levels: [
+        "info",
+        "info,regolith_metad=debug,regolith_raft_log=debug,regolith_proto=debug",
+        "debug,regolith_metad=trace,regolith_raft_log=trace,openraft=debug",
+    ],
+};
 
 /// Runs `regolith-metad` with these arguments (argv[0] included) until SIGTERM/SIGINT.
 pub fn main_with_args(argv: Vec<String>) -> ExitCode {
-    let args = match Args::try_parse_from(normalize_argv(argv)) {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
-    };
-    let settings = match args.resolve() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("regolith-metad: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    init_logging(settings.verbose, settings.json_logs);
-    let rt = match daemon::runtime(settings.worker_threads) {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("regolith-metad: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = rt.block_on(async move {
-        let node = Node::start(settings).await?;
-        let (tx, rx) = watch::channel(false);
-        tokio::spawn(async move {
-            daemon::wait_for_signal().await;
-            let _ = tx.send(true);
-        });
-        node.serve(rx).await
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "regolith-metad failed");
-            eprintln!("regolith-metad: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    daemon::main(
+        &SHELL,
+        argv,
+        Args::resolve,
+        Settings::process,
+        Replica::start,
+        |replica: Replica, shutdown: watch::Receiver<bool>| replica.serve(shutdown),
+    )
 }
 
 /// The sockets a replica serves on. They are bound first thing in [`Replica::start`], before

@@ -5,6 +5,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use regolith_proto::launch::MetadLaunch;
 use regolith_proto::leader;
 use regolith_proto::metad as pb;
 
@@ -165,7 +166,7 @@ fn acknowledged_writes_survive_leader_kill_and_full_restart() {
         c.kill(id);
     }
     for id in [1, 2, 3] {
-        c.spawn(id, Some(&c.peers_arg()), true);
+        c.spawn(id, Some(&c.members()), true);
     }
     c.wait_leader(Duration::from_secs(15));
     rt.block_on(async {
@@ -573,27 +574,21 @@ fn replica_with_a_taken_port_exits_before_raft_starts() {
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = held.local_addr().unwrap().to_string();
     let data = tmp.path().join("metad-1");
-    for (flag, value) in [
-        ("--listen", taken.clone()),
-        ("--metrics-addr", taken.clone()),
-    ] {
-        let mut args = vec![
-            "--id".to_string(),
-            "1".into(),
-            "--data-dir".into(),
-            data.display().to_string(),
-            "--peers".into(),
-            "1=127.0.0.1:1".into(),
-            "--bootstrap".into(),
-        ];
+    for flag in ["--listen", "--metrics-addr"] {
+        let mut launch = MetadLaunch {
+            data_dir: Some(data.clone()),
+            peers: vec![(1, "127.0.0.1:1".into())],
+            bootstrap: true,
+            ..MetadLaunch::new(1)
+        };
         if flag == "--metrics-addr" {
-            args.push("--listen".into());
-            args.push(format!("127.0.0.1:{}", common::free_port()));
+            launch.listen = Some(format!("127.0.0.1:{}", common::free_port()));
+            launch.metrics_addr = Some(taken.clone());
+        } else {
+            launch.listen = Some(taken.clone());
         }
-        args.push(flag.into());
-        args.push(value);
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_regolith-metad"))
-            .args(&args)
+            .args(launch.args())
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 pub const HEADER: &str = "authorization";
 
 /// Longest token accepted (a token file is a short secret, not a document).
-pub const MAX_TOKEN_LEN: usize = 4096;
+pub use crate::dataplane::MAX_TOKEN_LEN;
 
 /// Reads a token file: its content with surrounding whitespace trimmed; it must not be empty.
 pub fn read_token_file(path: &Path) -> Result<String> {

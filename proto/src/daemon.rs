@@ -1,7 +1,116 @@
 //! What both daemons (`regolith-metad`, `regolith-sidecar`) do the same way at start-up and
-//! shutdown: logging on stderr, the runtime, and waiting for SIGTERM/SIGINT.
+//! shutdown: the `main` shell ([`main`]: argv → clap → settings → logging → runtime → run until
+//! SIGTERM/SIGINT → exit code), logging on stderr, the runtime, and waiting for the signals.
 
+use std::ffi::OsString;
+use std::fmt::Display;
+use std::future::Future;
 use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use tokio::sync::watch;
+
+/// What a daemon tells [`main`] about itself.
+pub struct Shell {
+    /// The binary's name, prefixed to the errors it prints (`regolith-metad: …`).
+    pub name: &'static str,
+    /// `tracing` filters for no `-v`, `-v` and `-vv` (see [`init_logging`]).
+    pub log_levels: [&'static str; 3],
+}
+
+/// What [`main`] needs from a daemon's resolved settings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Process {
+    pub verbose: u8,
+    pub json_logs: bool,
+    pub worker_threads: Option<usize>,
+}
+
+/// A daemon's whole process: parses `argv` (argv[0] included; Mooncake's `-v=N` rewritten by
+/// [`normalize_argv`]) with clap into `A`, resolves it into settings (`resolve`), starts
+/// logging and the runtime, runs `start` (before SIGTERM/SIGINT are caught: a signal then ends
+/// the process at once), then `serve` with a shutdown signal that turns `true` on
+/// SIGTERM/SIGINT. Exit codes: 0 (also for `--help`/`--version`), 2 for a usage or
+/// configuration error, 1 when the runtime cannot start or `start`/`serve` fails.
+pub fn main<A, S, E, T, RE, Start, Serve>(
+    shell: &Shell,
+    argv: Vec<String>,
+    resolve: impl FnOnce(A) -> Result<S, E>,
+    process: impl FnOnce(&S) -> Process,
+    start: impl FnOnce(S) -> Start,
+    serve: impl FnOnce(T, watch::Receiver<bool>) -> Serve,
+) -> ExitCode
+where
+    A: clap::Parser,
+    E: Display,
+    RE: Display,
+    Start: Future<Output = Result<T, RE>>,
+    Serve: Future<Output = Result<(), RE>>,
+{
+    let name = shell.name;
+    let args = match A::try_parse_from(normalize_argv(argv)) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let settings = match resolve(args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let p = process(&settings);
+    init_logging(&shell.log_levels, p.verbose, p.json_logs);
+    let rt = match runtime(p.worker_threads) {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{name}: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async move {
+        let started = start(settings).await?;
+        let (tx, rx) = watch::channel(false);
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            let _ = tx.send(true);
+        });
+        serve(started, rx).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "{name} failed");
+            eprintln!("{name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Rewrites Mooncake's `-v=N` / `--v=N` into N `-v` flags (at most 4).
+pub fn normalize_argv<T: Into<OsString>>(argv: impl IntoIterator<Item = T>) -> Vec<OsString> {
+    let mut out = Vec::new();
+    for a in argv {
+        let a: OsString = a.into();
+        let n = a.to_str().and_then(|s| {
+            s.strip_prefix("-v=")
+                .or_else(|| s.strip_prefix("--v="))
+                .map(|n| n.parse::<usize>().unwrap_or(1))
+        });
+        match n {
+            Some(n) => out.extend(std::iter::repeat_n(OsString::from("-v"), n.min(4))),
+            None => out.push(a),
+        }
+    }
+    out
+}
 
 /// Logs on stderr through `tracing`: `levels[v]` for `-v` given `v` times (the last entry for
 /// more), `RUST_LOG` overriding; JSON lines with `json`; colours only on a terminal.
@@ -42,5 +151,20 @@ pub async fn wait_for_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received"),
         _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mooncake_verbosity_becomes_repeated_v() {
+        let out = normalize_argv(["d", "-v=2", "--v=9", "-v=x", "--id", "-v"]);
+        let out: Vec<&str> = out.iter().map(|a| a.to_str().unwrap()).collect();
+        assert_eq!(
+            out,
+            ["d", "-v", "-v", "-v", "-v", "-v", "-v", "-v", "--id", "-v"]
+        );
     }
 }

@@ -71,8 +71,6 @@
 //! body length cannot be relied on. A write is acknowledged only once its body is in segment
 //! memory; a write whose term was superseded while its body was arriving answers STALE_TERM.
 
-use crate::auth::MAX_TOKEN_LEN;
-
 /// First four bytes of both handshake messages.
 pub const MAGIC: [u8; 4] = *b"RGDP";
 /// The protocol version this code speaks.
@@ -89,6 +87,9 @@ pub const REQUEST_LEN: usize = 48;
 pub const REPLY_LEN: usize = 24;
 /// Largest slice a request may carry.
 pub const MAX_SLICE_LEN: u32 = 64 * 1024 * 1024;
+/// Longest cluster token a handshake carries (a token file is a short secret, not a document;
+/// `auth` holds token files to the same bound).
+pub const MAX_TOKEN_LEN: usize = 4096;
 
 /// Decoding errors: the peer does not speak this protocol (or this version of it).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -3,39 +3,39 @@
 //! This crate depends on no other Regolith crate, so the sidecar, the CLI and the Python wheel can
 //! talk to metad without linking the server.
 //!
-//! Modules:
-//! * [`common`] — generated code of the messages both services share (`proto/common.proto`).
-//! * [`metad`] — generated gRPC code of the metadata API (`proto/metad.proto`).
-//! * [`raft`] — generated gRPC code of the Raft RPCs between replicas (`proto/raft.proto`).
+//! Two halves. Always built, what every end of the UDS and the data plane needs:
+//! * [`common`] — generated code of the messages both services share (`proto/common.proto`):
+//!   one Rust type each for a version, an extent and a put's options.
 //! * [`checksum`] — the object checksum: xxh3-64 per 64 KiB chunk, seeded with the version.
-//! * [`auth`] — the cluster token carried on gRPC calls and data-plane connections.
-//! * [`leader`] — how followers name the leader in a `NOT_LEADER` answer.
-//! * [`units`] — parsing of sizes (`1GiB`) and durations (`500ms`) in flags and config files.
-//! * [`client`] — [`client::MetadClient`], which finds the leader, follows redirects and retries
-//!   idempotent calls across elections.
 //! * [`frame`] — the UDS frame codec (`length | opcode | request id | body`).
 //! * [`fdpass`] — file descriptors over a Unix socket (SCM_RIGHTS).
-//! * [`dataplane`] — the sidecar-to-sidecar data-plane wire protocol (handshake, slices).
 //! * [`uds`] — the client-to-sidecar protocol: opcodes and messages (`proto/uds.proto`).
-//! * [`daemon`] — logging, runtime and signal handling shared by the daemons.
+//! * [`dataplane`] — the sidecar-to-sidecar data-plane wire protocol (handshake, slices).
+//! * [`units`] — parsing of sizes (`1GiB`) and durations (`500ms`) in flags and config files.
 //! * [`shutdown`] — [`shutdown::Shutdown`], how tasks learn that the process is stopping.
-//! * [`ports`] — free loopback ports outside the kernel's ephemeral range (harnesses, tools).
-//! * [`error`] — the crate's error enum.
+//!
+//! With the `grpc` feature (on by default; `regolith-client`, and so the Python wheel, turns it
+//! off and links none of tonic, tracing-subscriber or clap):
+//! * `metad` — generated gRPC code of the metadata API (`proto/metad.proto`); the shared
+//!   messages are re-exported there under their names.
+//! * `raft` — generated gRPC code of the Raft RPCs between replicas (`proto/raft.proto`).
+//! * `auth` — the cluster token carried on gRPC calls and data-plane connections.
+//! * `leader` — how followers name the leader in a `NOT_LEADER` answer.
+//! * `client` — `client::MetadClient`, which finds the leader, follows redirects and retries
+//!   idempotent calls across elections.
+//! * `daemon` — the daemons' shared `main` shell: argv, logging, runtime, signals, exit code.
+//! * `launch` — `launch::MetadLaunch` / `launch::SidecarLaunch`: a daemon's command line,
+//!   typed, for every Rust launcher.
+//! * `error` — the error enum of the metad client and token files.
 
 // No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic
 // a process; the few invariants that are ours alone say so where they are allowed.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod auth;
 pub mod checksum;
-pub mod client;
-pub mod daemon;
 pub mod dataplane;
-pub mod error;
 pub mod fdpass;
 pub mod frame;
-pub mod leader;
-pub mod ports;
 pub mod shutdown;
 pub mod uds;
 pub mod units;
@@ -53,7 +53,21 @@ pub mod common {
     }
 }
 
+#[cfg(feature = "grpc")]
+pub mod auth;
+#[cfg(feature = "grpc")]
+pub mod client;
+#[cfg(feature = "grpc")]
+pub mod daemon;
+#[cfg(feature = "grpc")]
+pub mod error;
+#[cfg(feature = "grpc")]
+pub mod launch;
+#[cfg(feature = "grpc")]
+pub mod leader;
+
 /// Generated code of `proto/metad.proto`; the shared messages are re-exported under their names.
+#[cfg(feature = "grpc")]
 pub mod metad {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("regolith.metad.v1");
@@ -61,9 +75,11 @@ pub mod metad {
 }
 
 /// Generated code of `proto/raft.proto`.
+#[cfg(feature = "grpc")]
 pub mod raft {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("regolith.raft.v1");
 }
 
+#[cfg(feature = "grpc")]
 pub use error::{Error, Result};

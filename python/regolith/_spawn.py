@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+from ._launch import sidecar_args
 from ._native import ConnectError
 
 logger = logging.getLogger("regolith.spawn")
@@ -59,7 +60,7 @@ def _ephemeral_low() -> int:
 def _free_port() -> int:
     """A loopback port that was free a moment ago, below the kernel's ephemeral range: a port
     from ``bind(0)`` may be handed to any outgoing connection as its source port before the
-    sidecar binds it (as regolith_proto::ports does for the Rust harnesses)."""
+    sidecar binds it (as regolith_test_support::ports does for the Rust harnesses)."""
     global _next_port
     # 10000..20000: above it, up to the ephemeral range, the tests reserve port blocks.
     floor, top = 10000, min(_ephemeral_low(), 20000)
@@ -150,17 +151,17 @@ class SpawnedSidecar:
 
     @staticmethod
     def _args(exe: Path, node: str, metad: str, size: int, sock: Path, state: Path) -> list[str]:
-        args = [str(exe), "--metad", metad, "--segment-size", str(size)]
-        args += ["--socket", str(sock), "--state-dir", str(state)]
+        args = [str(exe)]
+        args += sidecar_args(metad=metad, segment_size=size, socket=sock, state_dir=state)
         if node:
-            args += ["--node-name", node]
+            args += sidecar_args(node_name=node)
         # The sidecar reads these from the environment when set; choose free ones otherwise.
         if not os.environ.get("REGOLITH_NIC"):
-            args += ["--nic", _nic_for(node)]
+            args += sidecar_args(nic=_nic_for(node))
         if not os.environ.get("REGOLITH_DATA_PORT"):
-            args += ["--data-port", str(_free_port())]
+            args += sidecar_args(data_port=_free_port())
         if not os.environ.get("REGOLITH_METRICS_ADDR"):
-            args += ["--metrics-addr", f"127.0.0.1:{_free_port()}"]
+            args += sidecar_args(metrics_addr=f"127.0.0.1:{_free_port()}")
         return args
 
     def _wait_ready(self, timeout: float) -> None:

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from regolith._launch import up_args
+
 REPO = Path(__file__).resolve().parents[2]
 READY = "ready: Ctrl-C or SIGTERM stops the cluster"
 _ENV = {"regolith": "REGOLITH_CLI_BIN", "regolith-metad": "REGOLITH_METAD_BIN",
@@ -147,13 +149,14 @@ def _base_port() -> int:
 
 def _launch(d: Path, sidecars: int, segment_size: str) -> tuple[subprocess.Popen, Path]:
     log = d / "up.log"
-    args = [
-        str(binary("regolith")), "--dir", str(d), "up",
-        "--sidecars", str(sidecars), "--segment-size", segment_size,
-        "--base-port", str(_base_port()),
-        "--metad-bin", str(binary("regolith-metad")),
-        "--sidecar-bin", str(binary("regolith-sidecar")),
-    ]  # fmt: skip
+    args = [str(binary("regolith"))] + up_args(
+        d,
+        sidecars=sidecars,
+        segment_size=segment_size,
+        base_port=_base_port(),
+        metad_bin=binary("regolith-metad"),
+        sidecar_bin=binary("regolith-sidecar"),
+    )
     with open(log, "ab") as f:
         up = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,

@@ -152,19 +152,17 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// Rewrites Mooncake's `-v=N` into N `-v` flags.
-pub fn normalize_argv(argv: impl IntoIterator<Item = String>) -> Vec<String> {
-    let mut out = Vec::new();
-    for a in argv {
-        match a.strip_prefix("-v=").or_else(|| a.strip_prefix("--v=")) {
-            Some(n) => out.extend(std::iter::repeat_n(
-                "-v".to_string(),
-                n.parse::<usize>().unwrap_or(1).min(4),
-            )),
-            None => out.push(a),
+pub use regolith_proto::daemon::normalize_argv;
+
+impl Settings {
+    /// What the daemons' `main` shell needs: logging and runtime threads.
+    pub fn process(&self) -> regolith_proto::daemon::Process {
+        regolith_proto::daemon::Process {
+            verbose: self.verbose,
+            json_logs: self.json_logs,
+            worker_threads: self.worker_threads,
         }
     }
-    out
 }
 
 /// A NIC address: an IP, optionally with a port (the port must then equal --data-port).
@@ -415,5 +413,73 @@ mod tests {
             let e = parse(&args).unwrap_err().to_string();
             assert!(e.contains(flag), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn every_field_of_the_launch_description_is_a_flag_the_sidecar_accepts() {
+        use regolith_proto::launch::SidecarLaunch;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "launch-token\n").unwrap();
+        let launch = SidecarLaunch {
+            node_name: Some("node-x".into()),
+            state_dir: Some(dir.path().join("state")),
+            segment_size: Some("64MiB".into()),
+            metad: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+            cluster_token_file: Some(token),
+            nics: vec!["127.0.0.2".into(), "127.0.0.3".into()],
+            data_port: Some(7700),
+            socket: Some(dir.path().join("s.sock")),
+            metrics_addr: Some("127.0.0.1:9400".into()),
+            huge_pages: Some("never".into()),
+            worker_threads: Some(2),
+            test_hooks: true,
+            verbose: 1,
+            extra: vec!["--max-in-flight".into(), "7".into()],
+        };
+        let argv = std::iter::once("regolith-sidecar".into()).chain(launch.args());
+        let s = Args::try_parse_from(normalize_argv(argv))
+            .unwrap()
+            .resolve()
+            .unwrap();
+        assert_eq!(s.node_name, "node-x");
+        assert_eq!(s.state_dir, dir.path().join("state"));
+        assert_eq!(s.segment_size, 64 << 20);
+        assert_eq!(s.metad.len(), 2);
+        assert_eq!(s.token.as_deref(), Some("launch-token"));
+        assert_eq!(s.nics.len(), 2);
+        assert_eq!(s.data_port, 7700);
+        assert_eq!(s.socket, dir.path().join("s.sock"));
+        assert_eq!(s.metrics_addr.to_string(), "127.0.0.1:9400");
+        assert_eq!(s.huge_pages, HugePages::Never);
+        assert_eq!(s.worker_threads, Some(2));
+        assert!(s.test_hooks);
+        assert_eq!(s.verbose, 1);
+        assert_eq!(s.max_in_flight, 7);
+    }
+
+    /// Every flag `python/regolith/_launch.py` starts a sidecar with is one of ours, and the
+    /// Python spawner names no flag of its own.
+    #[test]
+    fn the_python_spawners_flags_are_sidecar_flags() {
+        use clap::CommandFactory;
+        use regolith_test_support::python;
+        let text = std::fs::read_to_string(python::launch_file()).unwrap();
+        let cmd = Args::command();
+        for (_, flag) in python::flag_table(&text, "SIDECAR") {
+            let name = flag.strip_prefix("--").unwrap_or(&flag);
+            assert!(
+                cmd.get_arguments().any(|a| a.get_long() == Some(name)
+                    || a.get_all_aliases().is_some_and(|al| al.contains(&name))),
+                "_launch.py: regolith-sidecar has no flag {flag}"
+            );
+        }
+        let spawn = python::launch_file().with_file_name("_spawn.py");
+        let spawn = std::fs::read_to_string(spawn).unwrap();
+        python::assert_spells_none(
+            &spawn,
+            "_spawn.py",
+            cmd.get_arguments().filter_map(|a| a.get_long()),
+        );
     }
 }

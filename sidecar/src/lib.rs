@@ -17,7 +17,8 @@
 //!   requests and replies to and from [`ops`].
 //! * [`http`] — `/metrics`, `/health`, `/ready`, `/status`; [`metrics`] — the Prometheus set.
 //! * [`args`] — flags, TOML, environment; [`state_file`] — the node's persistent identity.
-//! * [`run`] — the process entry point.
+//! * [`run`] — the process entry point (start-up order, shutdown) inside the shared
+//!   `regolith_proto::daemon::main` shell.
 //! * [`error`] — the crate's error enum.
 
 // No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic

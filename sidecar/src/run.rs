@@ -10,11 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::args::{normalize_argv, Args, Settings};
+use crate::args::{Args, Settings};
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, Observer};
 use crate::node::{self, Sidecar};
@@ -26,17 +25,14 @@ use crate::transport::{DataClient, StripeConfig, TransportStats};
 use regolith_proto::daemon;
 
 /// Logs on stderr; `-v` debug and `-vv` trace for the sidecar; `RUST_LOG` overrides.
-pub fn init_logging(verbose: u8, json: bool) {
-    daemon::init_logging(
-        &[
-            "info",
-            "info,regolith_sidecar=debug,regolith_proto=debug",
-            "debug,regolith_sidecar=trace",
-        ],
-        verbose,
-        json,
-    );
-}
+pub const SHELL: daemon::Shell = daemon::Shell {
+    name: "regolith-sidecar",
+    log_levels: [
+        "info",
+        "info,regolith_sidecar=debug,regolith_proto=debug",
+        "debug,regolith_sidecar=trace",
+    ],
+};
 
 /// Starts everything and serves until `shutdown` fires.
 pub async fn run(settings: Settings, mut shutdown: watch::Receiver<bool>) -> Result<()> {
@@ -192,47 +188,14 @@ async fn unmount_after_failure(
 }
 
 /// Runs `regolith-sidecar` with these arguments (argv[0] included) until SIGTERM/SIGINT.
+/// SIGTERM/SIGINT are caught from the start: [`run`] stops cleanly at any stage.
 pub fn main_with_args(argv: Vec<String>) -> ExitCode {
-    let args = match Args::try_parse_from(normalize_argv(argv)) {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
-    };
-    let settings = match args.resolve() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("regolith-sidecar: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    init_logging(settings.verbose, settings.json_logs);
-    let rt = match daemon::runtime(settings.worker_threads) {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("regolith-sidecar: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = rt.block_on(async move {
-        let (tx, rx) = watch::channel(false);
-        tokio::spawn(async move {
-            daemon::wait_for_signal().await;
-            let _ = tx.send(true);
-        });
-        run(settings, rx).await
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "regolith-sidecar failed");
-            eprintln!("regolith-sidecar: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    daemon::main(
+        &SHELL,
+        argv,
+        Args::resolve,
+        Settings::process,
+        |settings| std::future::ready(Ok(settings)),
+        run,
+    )
 }

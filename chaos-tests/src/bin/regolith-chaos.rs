@@ -2,19 +2,19 @@
 //!
 //! `cargo run -p regolith-chaos -- --duration 10m --seed N` runs seeded random faults for the
 //! duration against three metad replicas and three sidecars in network namespaces (as root),
-//! then checks the history and prints the table. The same binary also runs the daemons
-//! themselves (`regolith-chaos metad …`, `regolith-chaos sidecar …`), so it needs nothing else
-//! built.
+//! then checks the history and prints the table. It starts the real `regolith-metad` and
+//! `regolith-sidecar` found beside it (or in `$REGOLITH_BIN_DIR`, or `--metad-bin` /
+//! `--sidecar-bin`): build them first, `cargo build -p regolith-metad -p regolith-sidecar`.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use regolith_chaos::cluster::MetadLaunch;
+use regolith_chaos::cluster::MetadProgram;
 use regolith_chaos::metad_only::{MetadOnly, MetadOnlyConfig};
 use regolith_chaos::run::{run_profile, HarnessConfig};
 use regolith_chaos::schedule::{self, Step};
-use regolith_chaos::sidecars::{SidecarConfig, SidecarLaunch, SidecarWorkload};
+use regolith_chaos::sidecars::{SidecarConfig, SidecarProgram, SidecarWorkload};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -41,10 +41,10 @@ struct Args {
     /// `pause-leader,split`.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// metad binary to run (default: this binary's `metad` subcommand).
+    /// metad binary to run (default: `regolith-metad` beside this binary).
     #[arg(long)]
     metad_bin: Option<std::path::PathBuf>,
-    /// sidecar binary to run (default: this binary's `sidecar` subcommand).
+    /// sidecar binary to run (default: `regolith-sidecar` beside this binary).
     #[arg(long)]
     sidecar_bin: Option<std::path::PathBuf>,
     /// `sidecar` (real sidecars, bytes over the data plane) or `metad-only` (fake sidecars:
@@ -53,40 +53,11 @@ struct Args {
     workload: String,
 }
 
-/// A launch of `bin`, or of this binary's `sub` subcommand.
-fn launch_of(
-    bin: Option<std::path::PathBuf>,
-    sub: &str,
-) -> Result<(std::path::PathBuf, Vec<String>), String> {
-    match bin {
-        Some(p) => Ok((p, Vec::new())),
-        None => std::env::current_exe()
-            .map(|me| (me, vec![sub.to_string()]))
-            .map_err(|e| format!("cannot find my own binary: {e}")),
-    }
-}
-
 fn parse_duration(s: &str) -> Result<Duration, String> {
     regolith_proto::units::parse_duration(s).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().collect();
-    // Multi-call: `regolith-chaos metad ARGS…` is regolith-metad, `regolith-chaos sidecar
-    // ARGS…` regolith-sidecar.
-    match argv.get(1).map(String::as_str) {
-        Some("metad") => {
-            let mut a = vec!["regolith-metad".to_string()];
-            a.extend(argv[2..].iter().cloned());
-            return regolith_metad::run::main_with_args(a);
-        }
-        Some("sidecar") => {
-            let mut a = vec!["regolith-sidecar".to_string()];
-            a.extend(argv[2..].iter().cloned());
-            return regolith_sidecar::run::main_with_args(a);
-        }
-        _ => {}
-    }
     let args = Args::parse();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -96,22 +67,11 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
-    let (launch, sidecar) = match (
-        launch_of(args.metad_bin.clone(), "metad"),
-        launch_of(args.sidecar_bin.clone(), "sidecar"),
-    ) {
-        (Ok(m), Ok(s)) => (m, s),
-        (Err(e), _) | (_, Err(e)) => {
-            eprintln!("regolith-chaos: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let launch = {
-        let mut l = MetadLaunch::new(launch.0);
-        l.prefix_args = launch.1;
-        l
-    };
-    let mut cfg = HarnessConfig::new(launch);
+    let metad = args
+        .metad_bin
+        .clone()
+        .map_or_else(MetadProgram::built, MetadProgram::new);
+    let mut cfg = HarnessConfig::new(metad);
     cfg.workload.seed = args.seed;
     cfg.workload.keys = args.keys;
     cfg.workload.clients_per_host = args.clients;
@@ -146,9 +106,11 @@ fn main() -> ExitCode {
         )
     };
     let result = if data_plane {
-        let mut sl = SidecarLaunch::new(sidecar.0);
-        sl.prefix_args = sidecar.1;
-        let workload = SidecarWorkload::new(SidecarConfig::new(sl));
+        let sidecar = args
+            .sidecar_bin
+            .clone()
+            .map_or_else(SidecarProgram::built, SidecarProgram::new);
+        let workload = SidecarWorkload::new(SidecarConfig::new(sidecar));
         run_profile(cfg, workload, steps, duration)
     } else {
         run_profile(

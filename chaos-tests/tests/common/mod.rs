@@ -1,9 +1,7 @@
-//! Shared by the chaos test files: the daemon binaries this crate builds, and test logging.
+//! Shared by the chaos test files: test logging. (The daemons they start are the real
+//! binaries of this build: `MetadProgram::built()`, `SidecarProgram::built()`.)
 
 #![allow(dead_code)]
-
-pub const METAD: &str = env!("CARGO_BIN_EXE_chaos-metad");
-pub const SIDECAR: &str = env!("CARGO_BIN_EXE_chaos-sidecar");
 
 pub fn init_logs() {
     let _ = tracing_subscriber::fmt()

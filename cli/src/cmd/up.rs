@@ -13,7 +13,6 @@
 //! its data and token (the same `--metad` and `--base-port` are needed: Raft membership is
 //! stored). Remove `DIR` to start afresh.
 
-use std::ffi::OsString;
 use std::io::Write;
 use std::net::TcpListener;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -32,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::format::Table;
 use crate::layout::{self, Layout};
 use crate::procs::{self, Proc, Spec};
+use regolith_proto::launch::{MetadLaunch, SidecarLaunch};
 
 const METAD_BIN: &str = "regolith-metad";
 const SIDECAR_BIN: &str = "regolith-sidecar";
@@ -264,7 +264,7 @@ struct Up {
     ready_timeout: Duration,
     stop_timeout: Duration,
     /// -v for the children when `regolith -vv up`.
-    child_verbose: bool,
+    child_verbose: u8,
     /// `--dir` was left at its default.
     default_dir: bool,
     metad: Vec<Proc>,
@@ -290,7 +290,7 @@ impl Up {
             segment_size: args.segment_size,
             ready_timeout: args.ready_timeout,
             stop_timeout: args.stop_timeout,
-            child_verbose: verbose >= 2,
+            child_verbose: u8::from(verbose >= 2),
             default_dir: false,
             metad: Vec::new(),
             sidecars: Vec::new(),
@@ -370,32 +370,28 @@ impl Up {
     }
 
     fn spawn_metads(&mut self) -> Result<()> {
-        let peers = self.layout.peers();
+        let peers = self.layout.members();
         for m in self.layout.metad.clone() {
             let name = format!("metad-{}", m.id);
-            let mut a: Vec<OsString> = Vec::new();
-            let mut flag = |f: &str, v: OsString| {
-                a.push(f.into());
-                a.push(v);
+            let launch = MetadLaunch {
+                listen: Some(m.grpc.to_string()),
+                advertise: Some(m.grpc.to_string()),
+                peers: peers.clone(),
+                bootstrap: true,
+                data_dir: Some(self.metad_dir(m.id)),
+                metrics_addr: Some(m.metrics.to_string()),
+                cluster_token_file: Some(self.token_file.clone()),
+                http_metadata_addr: Some(m.http_metadata.to_string()),
+                worker_threads: Some(1),
+                verbose: self.child_verbose,
+                ..MetadLaunch::new(m.id)
             };
-            flag("--id", m.id.to_string().into());
-            flag("--listen", m.grpc.to_string().into());
-            flag("--advertise", m.grpc.to_string().into());
-            flag("--peers", peers.clone().into());
-            flag("--data-dir", self.metad_dir(m.id).into());
-            flag("--metrics-addr", m.metrics.to_string().into());
-            flag("--cluster-token-file", self.token_file.clone().into());
-            flag("--http-metadata-addr", m.http_metadata.to_string().into());
-            flag("--worker-threads", "1".into());
-            a.push("--bootstrap".into());
-            a.push("--enable-http-metadata-server".into());
-            self.push_verbose(&mut a);
             tracing::info!(%name, grpc = %m.grpc, "starting metad");
             let p = Proc::spawn(Spec {
                 log: self.log(&name),
                 name,
                 bin: &self.bins.metad,
-                args: a,
+                args: launch.args(),
             })?;
             self.metad.push(p);
         }
@@ -403,41 +399,31 @@ impl Up {
     }
 
     fn spawn_sidecars(&mut self) -> Result<()> {
-        let metad = self.layout.metad_list();
+        let metad = self.layout.metad_addrs();
         for s in self.layout.sidecars.clone() {
-            let mut a: Vec<OsString> = Vec::new();
-            let mut flag = |f: &str, v: OsString| {
-                a.push(f.into());
-                a.push(v);
+            let launch = SidecarLaunch {
+                node_name: Some(s.name.clone()),
+                state_dir: Some(self.dir.join(&s.name)),
+                segment_size: Some(self.segment_size.to_string()),
+                metad: metad.clone(),
+                cluster_token_file: Some(self.token_file.clone()),
+                nics: s.nics.iter().map(|ip| ip.to_string()).collect(),
+                data_port: Some(s.data_port),
+                socket: Some(self.socket(&s.name)),
+                metrics_addr: Some(s.metrics.to_string()),
+                verbose: self.child_verbose,
+                ..SidecarLaunch::default()
             };
-            flag("--node-name", s.name.clone().into());
-            flag("--state-dir", self.dir.join(&s.name).into());
-            flag("--segment-size", self.segment_size.to_string().into());
-            flag("--metad", metad.clone().into());
-            flag("--cluster-token-file", self.token_file.clone().into());
-            for ip in &s.nics {
-                flag("--nic", ip.to_string().into());
-            }
-            flag("--data-port", s.data_port.to_string().into());
-            flag("--socket", self.socket(&s.name).into());
-            flag("--metrics-addr", s.metrics.to_string().into());
-            self.push_verbose(&mut a);
             tracing::info!(name = %s.name, socket = %self.socket(&s.name).display(), "starting sidecar");
             let p = Proc::spawn(Spec {
                 log: self.log(&s.name),
                 name: s.name.clone(),
                 bin: &self.bins.sidecar,
-                args: a,
+                args: launch.args(),
             })?;
             self.sidecars.push(p);
         }
         Ok(())
-    }
-
-    fn push_verbose(&self, a: &mut Vec<OsString>) {
-        if self.child_verbose {
-            a.push("-v".into());
-        }
     }
 
     /// An error naming the first child that exited, with the end of its log.

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use regolith_proto::client::{ClientConfig, MetadClient};
+use regolith_proto::launch::MetadLaunch;
 use regolith_proto::metad as pb;
+use regolith_test_support::bins;
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark a 3-replica loopback regolith-metad cluster")]
@@ -62,34 +64,35 @@ impl Drop for Replica {
 }
 
 fn free_port() -> u16 {
-    regolith_proto::ports::free_loopback_port()
+    regolith_test_support::free_loopback_port()
 }
 
-fn metad_binary() -> PathBuf {
-    let me = std::env::current_exe().expect("current exe");
-    me.parent().expect("exe dir").join("regolith-metad")
-}
-
-fn spawn(r: &mut Replica, peers: &str, log_dir: &Path, threads: usize, extra: &[String]) {
+fn spawn(
+    r: &mut Replica,
+    peers: &[(u64, String)],
+    log_dir: &Path,
+    threads: usize,
+    extra: &[String],
+) {
     let log = std::fs::File::create(log_dir.join(format!("metad-{}.log", r.id))).expect("log file");
-    let child = Command::new(metad_binary())
-        .args([
-            "--id",
-            &r.id.to_string(),
-            "--listen",
-            &r.grpc,
-            "--advertise",
-            &r.grpc,
-        ])
-        .args(["--metrics-addr", &r.http, "--peers", peers, "--bootstrap"])
-        .arg("--data-dir")
-        .arg(&r.dir)
-        .args(["--worker-threads", &threads.to_string()])
-        .args(extra)
+    let launch = MetadLaunch {
+        listen: Some(r.grpc.clone()),
+        advertise: Some(r.grpc.clone()),
+        metrics_addr: Some(r.http.clone()),
+        peers: peers.to_vec(),
+        bootstrap: true,
+        data_dir: Some(r.dir.clone()),
+        worker_threads: Some(threads),
+        extra: extra.iter().map(Into::into).collect(),
+        ..MetadLaunch::new(r.id)
+    };
+    let bin = bins::find(bins::METAD).unwrap_or_else(|e| panic!("{e}"));
+    let child = Command::new(bin)
+        .args(launch.args())
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
-        .expect("spawn regolith-metad (build it first: cargo build --release -p regolith-metad)");
+        .expect("spawn regolith-metad");
     r.child = Some(child);
 }
 
@@ -269,11 +272,7 @@ fn main() {
             child: None,
         })
         .collect();
-    let peers = replicas
-        .iter()
-        .map(|r| format!("{}={}", r.id, r.grpc))
-        .collect::<Vec<_>>()
-        .join(",");
+    let peers: Vec<(u64, String)> = replicas.iter().map(|r| (r.id, r.grpc.clone())).collect();
     for r in replicas.iter_mut() {
         spawn(r, &peers, &base, opts.replica_threads, &opts.metad_args);
     }

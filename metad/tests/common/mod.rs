@@ -8,11 +8,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use regolith_proto::client::{ClientConfig, MetadClient};
+use regolith_proto::launch::MetadLaunch;
 use regolith_proto::metad as pb;
 
-/// A free loopback port outside the ephemeral range (see `regolith_proto::ports`).
+/// A free loopback port outside the ephemeral range (see `regolith_test_support::ports`).
 pub fn free_port() -> u16 {
-    regolith_proto::ports::free_loopback_port()
+    regolith_test_support::free_loopback_port()
 }
 
 pub struct Replica {
@@ -51,7 +52,7 @@ impl Cluster {
         for id in 1..=n {
             c.add_replica_slot(id);
         }
-        let peers = c.peers_arg();
+        let peers = c.members();
         for id in 1..=n {
             c.spawn(id, Some(&peers), true);
         }
@@ -78,16 +79,16 @@ impl Cluster {
         );
     }
 
-    pub fn peers_arg(&self) -> String {
+    /// Every replica slot as `(id, gRPC address)`: the `--peers` of a bootstrap.
+    pub fn members(&self) -> Vec<(u64, String)> {
         self.replicas
             .values()
-            .map(|r| format!("{}={}", r.id, r.grpc))
-            .collect::<Vec<_>>()
-            .join(",")
+            .map(|r| (r.id, r.grpc.clone()))
+            .collect()
     }
 
     /// Starts (or restarts) replica `id`.
-    pub fn spawn(&mut self, id: u64, peers: Option<&str>, bootstrap: bool) {
+    pub fn spawn(&mut self, id: u64, peers: Option<&[(u64, String)]>, bootstrap: bool) {
         let token = self.token_file.clone();
         let extra = self.extra.clone();
         let r = self.replicas.get_mut(&id).unwrap();
@@ -96,32 +97,23 @@ impl Cluster {
             .append(true)
             .open(&r.log)
             .unwrap();
+        let launch = MetadLaunch {
+            listen: Some(r.grpc.clone()),
+            data_dir: Some(r.dir.clone()),
+            metrics_addr: Some(r.http.clone()),
+            http_metadata_addr: Some(r.kv.clone()),
+            cluster_token_file: Some(token),
+            advertise: Some(r.grpc.clone()),
+            peers: peers.map(<[_]>::to_vec).unwrap_or_default(),
+            bootstrap,
+            extra: extra.iter().map(Into::into).collect(),
+            ..MetadLaunch::new(id)
+        };
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_regolith-metad"));
-        cmd.arg("--id")
-            .arg(id.to_string())
-            .arg("--listen")
-            .arg(&r.grpc)
-            .arg("--data-dir")
-            .arg(&r.dir)
-            .arg("--metrics-addr")
-            .arg(&r.http)
-            .arg("--enable-http-metadata-server")
-            .arg("--http-metadata-addr")
-            .arg(&r.kv)
-            .arg("--cluster-token-file")
-            .arg(&token)
-            .arg("--advertise")
-            .arg(&r.grpc)
-            .args(&extra)
+        cmd.args(launch.args())
             .env("RUST_LOG", "info,regolith_metad=debug")
             .stdout(Stdio::null())
             .stderr(log);
-        if let Some(p) = peers {
-            cmd.arg("--peers").arg(p);
-        }
-        if bootstrap {
-            cmd.arg("--bootstrap");
-        }
         r.child = Some(cmd.spawn().expect("spawn regolith-metad"));
     }
 

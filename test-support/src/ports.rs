@@ -1,5 +1,5 @@
-//! Picking a free loopback port for a process about to be started (test harnesses, `regolith`'s
-//! own tools).
+//! Picking a free loopback port for a process about to be started (test harnesses, the metad
+//! bench).
 //!
 //! A port from `bind(0)` comes out of the kernel's ephemeral range, the range outgoing
 //! connections draw their source ports from: between the harness releasing it and the child
