@@ -5,6 +5,7 @@
 //! Delay is latency, not a bandwidth cap: every chunk read is stamped and written once its
 //! stamp plus the delay has passed, so a stream keeps its throughput.
 
+use regolith_proto::shutdown::{Shutdown, ShutdownTrigger};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -56,7 +57,7 @@ pub struct Proxy {
     pub upstream: SocketAddr,
     control: Arc<ProxyControl>,
     drops: watch::Sender<u64>,
-    shutdown: watch::Sender<bool>,
+    shutdown: ShutdownTrigger,
 }
 
 impl Proxy {
@@ -71,7 +72,7 @@ impl Proxy {
             .map_err(|e| Error::io("proxy local_addr", e))?;
         let control = Arc::new(ProxyControl::default());
         let (drops, drops_rx) = watch::channel(0u64);
-        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (shutdown, shutdown_rx) = regolith_proto::shutdown::channel();
         tokio::spawn(accept_loop(
             listener,
             upstream,
@@ -110,7 +111,7 @@ impl Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        let _ = self.shutdown.send(true);
+        self.shutdown.trigger();
         self.drop_connections();
     }
 }
@@ -120,12 +121,12 @@ async fn accept_loop(
     upstream: SocketAddr,
     control: Arc<ProxyControl>,
     drops: watch::Receiver<u64>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            _ = shutdown.changed() => return,
+            _ = shutdown.wait() => return,
         };
         let (client, peer) = match accepted {
             Ok(c) => c,

@@ -8,6 +8,7 @@
 //! forwards it to the leader over one kept gRPC client (which follows redirects and retries
 //! across elections), as does a leader that lost its office during the call.
 
+use regolith_proto::shutdown::Shutdown;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -22,7 +23,6 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use regolith_proto::client::{ClientConfig, MetadClient};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::MAX_META_VALUE;
@@ -60,7 +60,7 @@ pub async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener> {
 fn serve<F, Fut>(
     listener: TcpListener,
     what: &'static str,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
     handle: F,
 ) -> JoinHandle<()>
 where
@@ -77,10 +77,10 @@ where
                     Ok(x) => x,
                     Err(e) => { tracing::warn!(error = %e, "{what} accept"); continue; }
                 },
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.wait() => return,
             };
             let handle = handle.clone();
-            let mut sd = shutdown.clone();
+            let sd = shutdown.clone();
             tokio::spawn(async move {
                 let svc = service_fn(move |req| {
                     let h = handle.clone();
@@ -90,18 +90,14 @@ where
                 tokio::pin!(conn);
                 tokio::select! {
                     r = conn.as_mut() => { if let Err(e) = r { tracing::debug!(error = %e, "http connection"); } }
-                    _ = sd.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
+                    _ = sd.wait() => conn.as_mut().graceful_shutdown(),
                 }
             });
         }
     })
 }
 
-pub fn serve_metrics(
-    node: Arc<Node>,
-    listener: TcpListener,
-    shutdown: watch::Receiver<bool>,
-) -> JoinHandle<()> {
+pub fn serve_metrics(node: Arc<Node>, listener: TcpListener, shutdown: Shutdown) -> JoinHandle<()> {
     serve(listener, "metrics", shutdown, move |req| {
         let node = node.clone();
         async move { metrics_route(&node, req) }
@@ -164,7 +160,7 @@ pub fn status_json(st: &Stats) -> serde_json::Value {
 pub fn serve_metadata_kv(
     node: Arc<Node>,
     listener: TcpListener,
-    shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) -> JoinHandle<()> {
     let kv = Arc::new(MetaKv {
         node,

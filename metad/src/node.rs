@@ -2,6 +2,7 @@
 //! (together the [`Ops`] the services call), the periodic leader work and the summary log.
 //! The listeners and the servers on them are `run.rs`'s.
 
+use regolith_proto::shutdown::Shutdown;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,6 @@ use openraft::BasicNode;
 use parking_lot::Mutex;
 use regolith_proto::auth::TokenInterceptor;
 use regolith_raft_log::{StorageConfig, StorageStats};
-use tokio::sync::watch;
 
 use crate::args::Settings;
 use crate::clock::Clock;
@@ -139,7 +139,7 @@ impl Node {
     }
 
     /// Starts the background work: the leader's housekeeping and the summary log.
-    pub fn spawn_background(self: &Arc<Self>, shutdown: &watch::Receiver<bool>) {
+    pub fn spawn_background(self: &Arc<Self>, shutdown: &Shutdown) {
         tokio::spawn(self.clone().housekeeping(shutdown.clone()));
         tokio::spawn(self.clone().summary_log(shutdown.clone()));
     }
@@ -152,14 +152,14 @@ impl Node {
     }
 
     /// The leader's periodic work: expiries, lease holds, liveness, drains, TTLs, eviction.
-    async fn housekeeping(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    async fn housekeeping(self: Arc<Self>, shutdown: Shutdown) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut snapshot_mark = self.storage.appended_bytes();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.wait() => return,
             }
             self.snapshot_if_log_grew(&mut snapshot_mark).await;
             let lease_ok = self.ops.gate.lease_ok();
@@ -202,13 +202,13 @@ impl Node {
         }
     }
 
-    async fn summary_log(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    async fn summary_log(self: Arc<Self>, shutdown: Shutdown) {
         let mut tick = tokio::time::interval(SUMMARY_EVERY);
         tick.tick().await;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.wait() => return,
             }
             let st = self.ops.stats();
             let (obs, s) = (&st.raft, &st.store);

@@ -3,6 +3,7 @@
 //! [`Replica`]: the listeners, bound before storage and Raft start, and the gRPC and HTTP
 //! servers on them.
 
+use regolith_proto::shutdown::Shutdown;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -10,7 +11,6 @@ use regolith_proto::auth::TokenCheck;
 use regolith_proto::metad::metad_server::MetadServer;
 use regolith_proto::raft::raft_server::RaftServer;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::args::{Args, Settings};
@@ -38,7 +38,7 @@ pub fn main_with_args(argv: Vec<String>) -> ExitCode {
         Args::resolve,
         Settings::process,
         Replica::start,
-        |replica: Replica, shutdown: watch::Receiver<bool>| replica.serve(shutdown),
+        |replica: Replica, shutdown: Shutdown| replica.serve(shutdown),
     )
 }
 
@@ -84,7 +84,7 @@ impl Replica {
     }
 
     /// Serves until `shutdown` fires, then stops Raft and flushes storage.
-    pub async fn serve(self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+    pub async fn serve(self, shutdown: Shutdown) -> Result<()> {
         let Self { node, listeners } = self;
         let settings = &node.settings;
         let check = TokenCheck::new(settings.token.clone());
@@ -115,13 +115,13 @@ impl Replica {
                 })
             },
         );
-        let mut sd = shutdown.clone();
+        let sd = shutdown.clone();
         let grpc = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(metad)
             .add_service(raft)
             .serve_with_incoming_shutdown(incoming, async move {
-                let _ = sd.wait_for(|s| *s).await;
+                let _ = sd.wait().await;
             });
         let http = crate::http::serve_metrics(node.clone(), listeners.metrics, shutdown.clone());
         let kv = listeners
@@ -131,7 +131,7 @@ impl Replica {
         if let Err(e) = grpc.await {
             tracing::error!(error = %e, "gRPC server failed");
         }
-        let _ = shutdown.wait_for(|s| *s).await;
+        let _ = shutdown.wait().await;
         tracing::info!("shutting down: stopping raft");
         let _ = http.await;
         if let Some(kv) = kv {

@@ -455,9 +455,10 @@ impl StateMachine {
         };
         for r in replicas {
             // `check_placement` found every segment and every extent free.
-            let (Some(alloc), Some(seg)) =
-                (self.free.get_mut(&r.segment), self.segments.get_mut(&r.segment))
-            else {
+            let (Some(alloc), Some(seg)) = (
+                self.free.get_mut(&r.segment),
+                self.segments.get_mut(&r.segment),
+            ) else {
                 debug_assert!(false, "checked placement names a missing segment");
                 continue;
             };

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use tokio::sync::watch;
+use crate::shutdown::Shutdown;
 
 /// What a daemon tells [`main`] about itself.
 pub struct Shell {
@@ -38,7 +38,7 @@ pub fn main<A, S, E, T, RE, Start, Serve>(
     resolve: impl FnOnce(A) -> Result<S, E>,
     process: impl FnOnce(&S) -> Process,
     start: impl FnOnce(S) -> Start,
-    serve: impl FnOnce(T, watch::Receiver<bool>) -> Serve,
+    serve: impl FnOnce(T, Shutdown) -> Serve,
 ) -> ExitCode
 where
     A: clap::Parser,
@@ -77,12 +77,12 @@ where
     };
     let result = rt.block_on(async move {
         let started = start(settings).await?;
-        let (tx, rx) = watch::channel(false);
+        let (trigger, shutdown) = crate::shutdown::channel();
         tokio::spawn(async move {
             wait_for_signal().await;
-            let _ = tx.send(true);
+            trigger.trigger();
         });
-        serve(started, rx).await
+        serve(started, shutdown).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
 //! `/metrics` (Prometheus), `/health` and `/status` (JSON) on `--metrics-addr` (hyper 1).
 
+use regolith_proto::shutdown::Shutdown;
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,7 +12,6 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::node::Sidecar;
@@ -139,10 +139,7 @@ fn route(side: &Sidecar, req: &Request<hyper::body::Incoming>) -> Response<Full<
     }
 }
 
-pub async fn serve(
-    side: Arc<Sidecar>,
-    mut shutdown: watch::Receiver<bool>,
-) -> Result<tokio::task::JoinHandle<()>> {
+pub async fn serve(side: Arc<Sidecar>, shutdown: Shutdown) -> Result<tokio::task::JoinHandle<()>> {
     let addr = side.settings.metrics_addr;
     let listener = TcpListener::bind(addr)
         .await
@@ -152,7 +149,7 @@ pub async fn serve(
         loop {
             let (stream, _) = tokio::select! {
                 r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.wait() => return,
             };
             let side = side.clone();
             tokio::spawn(async move {

@@ -1,6 +1,7 @@
 //! The running sidecar: identity, the segment's life with metad (mount, heartbeats, remount,
 //! drain, unmount). What it does for its local clients is in [`crate::ops`].
 
+use regolith_proto::shutdown::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -197,13 +198,13 @@ impl Sidecar {
 
     /// Heartbeats every second until shutdown (retry back-off capped at 1 s); refreshes the
     /// segment's usage from metad now and then.
-    pub async fn heartbeat_loop(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    pub async fn heartbeat_loop(self: Arc<Self>, shutdown: Shutdown) {
         let mut last_usage = Instant::now() - Duration::from_secs(60);
         let mut delay = HEARTBEAT;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.wait() => return,
             }
             let ok = self.heartbeat_once().await;
             delay = if ok {

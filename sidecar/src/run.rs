@@ -5,13 +5,13 @@
 //! sidecar serves). SIGTERM: stop accepting clients, drain when asked, unmount, remove the
 //! socket.
 
+use regolith_proto::shutdown::Shutdown;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::watch;
 
 use crate::args::{Args, Settings};
 use crate::error::{Error, Result};
@@ -35,7 +35,7 @@ pub const SHELL: daemon::Shell = daemon::Shell {
 };
 
 /// Starts everything and serves until `shutdown` fires.
-pub async fn run(settings: Settings, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     let hint = node::identity_hint(&settings)?;
     let segment = tokio::task::spawn_blocking({
         let (name, size, huge) = (
@@ -158,7 +158,7 @@ pub async fn run(settings: Settings, mut shutdown: watch::Receiver<bool>) -> Res
     let listener = crate::uds::bind(&settings.socket, settings.socket_group.as_deref())?;
     tracing::info!(socket = %settings.socket.display(), "serving local clients");
     let uds = tokio::spawn(crate::uds::serve(side.clone(), listener, shutdown.clone()));
-    let _ = shutdown.wait_for(|s| *s).await;
+    let _ = shutdown.wait().await;
     side.shutting_down
         .store(true, std::sync::atomic::Ordering::Relaxed);
     tracing::info!("shutting down");

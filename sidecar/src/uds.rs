@@ -7,6 +7,7 @@
 //! sidecar stops reading from it (back-pressure). When a client goes away, its unfinished puts
 //! are aborted and its local copies stop counting as in flight.
 
+use regolith_proto::shutdown::Shutdown;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
@@ -21,15 +22,14 @@ use prost::Message;
 use regolith_proto::checksum;
 use regolith_proto::fdpass;
 use regolith_proto::frame::{self, FrameCodec};
-use regolith_proto::metad as mpb;
 use regolith_proto::uds::{self, pb, Op};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::error::{Error, Result};
 use crate::node::Sidecar;
 use crate::ops::put::{self, PendingPuts};
-use crate::ops::{get, keys, metad_failure};
+use crate::ops::{get, keys};
 use crate::segment::{HugePages, MapOptions, Segment, SegmentOptions};
 
 /// Most buffers one connection may register.
@@ -37,8 +37,8 @@ const MAX_SHMS: usize = 1024;
 
 mod wire;
 use wire::{
-    begin_item, commit_item, failure_status, get_item, get_result, put_result, put_ticket, split,
-    status_of,
+    begin_item, commit_item, get_item, get_result, list_segments, put_result, put_ticket, split,
+    stats, status_of,
 };
 
 /// One client connection.
@@ -83,39 +83,52 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener> {
     Ok(listener)
 }
 
-/// Accepts clients until shutdown.
-pub async fn serve(
-    side: Arc<Sidecar>,
-    listener: UnixListener,
-    mut shutdown: watch::Receiver<bool>,
-) {
+/// How long a shutdown waits for sessions to finish their requests in progress.
+const SESSION_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Accepts clients until shutdown, then waits (a bounded time) for every session to finish the
+/// requests it has in progress and abort its unfinished puts.
+pub async fn serve(side: Arc<Sidecar>, listener: UnixListener, shutdown: Shutdown) {
+    let mut sessions = tokio::task::JoinSet::new();
     loop {
+        while sessions.try_join_next().is_some() {}
         let stream = tokio::select! {
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
                 Err(e) => { tracing::warn!(error = %e, "UDS accept"); continue; }
             },
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.wait() => break,
         };
-        let side = side.clone();
-        let sd = shutdown.clone();
-        tokio::spawn(async move {
-            let id = side.next_conn.fetch_add(1, Ordering::Relaxed);
-            let cred = stream.peer_cred().ok();
-            tracing::debug!(conn = id, pid = ?cred.as_ref().and_then(|c| c.pid()), uid = ?cred.as_ref().map(|c| c.uid()), "client connected");
-            side.clients.fetch_add(1, Ordering::Relaxed);
-            side.metrics
-                .clients
-                .set(side.clients.load(Ordering::Relaxed) as i64);
-            if let Err(e) = session(&side, id, stream, sd).await {
-                tracing::debug!(conn = id, error = %e, "client connection ended");
-            }
-            side.clients.fetch_sub(1, Ordering::Relaxed);
-            side.metrics
-                .clients
-                .set(side.clients.load(Ordering::Relaxed) as i64);
-        });
+        sessions.spawn(client(side.clone(), stream, shutdown.clone()));
     }
+    let drained = tokio::time::timeout(SESSION_DRAIN, async {
+        while sessions.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            sessions = sessions.len(),
+            "client sessions still busy after {SESSION_DRAIN:?}; closing them"
+        );
+    }
+}
+
+/// One client, from accept to close.
+async fn client(side: Arc<Sidecar>, stream: UnixStream, shutdown: Shutdown) {
+    let id = side.next_conn.fetch_add(1, Ordering::Relaxed);
+    let cred = stream.peer_cred().ok();
+    tracing::debug!(conn = id, pid = ?cred.as_ref().and_then(|c| c.pid()), uid = ?cred.as_ref().map(|c| c.uid()), "client connected");
+    side.clients.fetch_add(1, Ordering::Relaxed);
+    side.metrics
+        .clients
+        .set(side.clients.load(Ordering::Relaxed) as i64);
+    if let Err(e) = session(&side, id, stream, shutdown).await {
+        tracing::debug!(conn = id, error = %e, "client connection ended");
+    }
+    side.clients.fetch_sub(1, Ordering::Relaxed);
+    side.metrics
+        .clients
+        .set(side.clients.load(Ordering::Relaxed) as i64);
 }
 
 fn encode(op: u16, id: u64, body: &[u8]) -> Vec<u8> {
@@ -189,7 +202,7 @@ async fn session(
     side: &Arc<Sidecar>,
     id: u64,
     stream: UnixStream,
-    _shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) -> Result<()> {
     let sock = Arc::new(stream);
     let mut reader = Reader {
@@ -227,7 +240,12 @@ async fn session(
     let max = side.settings.max_in_flight as usize;
     let slots = Arc::new(Semaphore::new(max));
     let result = loop {
-        let f = match reader.next(&sock).await {
+        // At shutdown the session reads no more requests; those in progress finish below.
+        let next = tokio::select! {
+            r = reader.next(&sock) => r,
+            _ = shutdown.wait() => break Ok(()),
+        };
+        let f = match next {
             Ok(Some(f)) => f,
             Ok(None) => break Ok(()),
             Err(e) => break Err(e),
@@ -536,57 +554,4 @@ fn register_shm(
         status: Some(uds::ok()),
         shm_id: id,
     }
-}
-
-async fn list_segments(side: &Arc<Sidecar>) -> pb::SegmentsReply {
-    match side.store.metad.segments().await {
-        Ok(segs) => pb::SegmentsReply {
-            status: Some(uds::ok()),
-            segments: segs
-                .into_iter()
-                .map(|s| pb::SegmentInfo {
-                    local: s.node_id == side.node_id(),
-                    node_name: s.node_name,
-                    node_id: s.node_id,
-                    capacity: s.capacity,
-                    used: s.used,
-                    alive: s.alive,
-                    draining: s.state == mpb::SegmentState::SegmentDraining as i32,
-                    objects: s.objects,
-                })
-                .collect(),
-        },
-        Err(e) => pb::SegmentsReply {
-            status: Some(failure_status(metad_failure(&e))),
-            segments: vec![],
-        },
-    }
-}
-
-async fn stats(side: &Arc<Sidecar>) -> pb::StatsReply {
-    let m = side.store.metad.stats().await;
-    let (term, leader) = *side.leader.lock();
-    let mut r = pb::StatsReply {
-        status: Some(uds::ok()),
-        node_name: side.settings.node_name.clone(),
-        node_id: side.node_id(),
-        segment_size: side.store.segment.len(),
-        segment_used: side.segment_used.load(Ordering::Relaxed),
-        clients: side.clients.load(Ordering::Relaxed),
-        puts: side.store.puts.load(Ordering::Relaxed),
-        gets: side.store.gets.load(Ordering::Relaxed),
-        checksum_mismatches: side.metrics.checksum_mismatches.get(),
-        metad_term: term,
-        metad_leader: leader,
-        ..Default::default()
-    };
-    match m {
-        Ok(s) => {
-            r.keys = s.keys;
-            r.bytes_used = s.bytes_used;
-            r.bytes_total = s.bytes_total;
-        }
-        Err(e) => r.status = Some(failure_status(metad_failure(&e))),
-    }
-    r
 }

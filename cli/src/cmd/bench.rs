@@ -592,7 +592,7 @@ fn verify(
                 (Op::Get, Some(v)) => same(v, expected, env.corrupt),
                 (Op::GetInto | Op::BatchGetInto, _) => {
                     scratch.resize(c.size as usize, 0);
-                    shm_slot(j).read(0, scratch).is_ok() && same(&scratch, expected, env.corrupt)
+                    shm_slot(j).read(0, scratch).is_ok() && same(scratch, expected, env.corrupt)
                 }
                 _ => true,
             };

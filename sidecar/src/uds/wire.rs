@@ -1,11 +1,17 @@
 //! Protobuf ↔ domain: the UDS requests as [`crate::ops`] takes them, its outcomes as the
-//! replies; regions resolved against the connection's staging area and registered buffers.
+//! replies; regions resolved against the connection's staging area and registered buffers;
+//! the cluster views (`LIST_SEGMENTS`, `STATS`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use bytes::Bytes;
+use regolith_proto::metad as mpb;
 use regolith_proto::uds::{self, pb};
 
 use super::Conn;
-use crate::ops::{get, put, Failure, Outcome, Region, ReplicaInfo};
+use crate::node::Sidecar;
+use crate::ops::{get, metad_failure, put, Failure, Outcome, Region, ReplicaInfo};
 
 pub(super) fn status_of(o: Outcome<()>) -> pb::Status {
     match o {
@@ -135,4 +141,59 @@ pub(super) fn get_result(r: get::GetResult) -> pb::GetResult {
     }
     out.status = Some(uds::ok());
     out
+}
+
+// ------------------------------------------------------- cluster views
+
+pub(super) async fn list_segments(side: &Arc<Sidecar>) -> pb::SegmentsReply {
+    match side.store.metad.segments().await {
+        Ok(segs) => pb::SegmentsReply {
+            status: Some(uds::ok()),
+            segments: segs
+                .into_iter()
+                .map(|s| pb::SegmentInfo {
+                    local: s.node_id == side.node_id(),
+                    node_name: s.node_name,
+                    node_id: s.node_id,
+                    capacity: s.capacity,
+                    used: s.used,
+                    alive: s.alive,
+                    draining: s.state == mpb::SegmentState::SegmentDraining as i32,
+                    objects: s.objects,
+                })
+                .collect(),
+        },
+        Err(e) => pb::SegmentsReply {
+            status: Some(failure_status(metad_failure(&e))),
+            segments: vec![],
+        },
+    }
+}
+
+pub(super) async fn stats(side: &Arc<Sidecar>) -> pb::StatsReply {
+    let m = side.store.metad.stats().await;
+    let (term, leader) = *side.leader.lock();
+    let mut r = pb::StatsReply {
+        status: Some(uds::ok()),
+        node_name: side.settings.node_name.clone(),
+        node_id: side.node_id(),
+        segment_size: side.store.segment.len(),
+        segment_used: side.segment_used.load(Ordering::Relaxed),
+        clients: side.clients.load(Ordering::Relaxed),
+        puts: side.store.puts.load(Ordering::Relaxed),
+        gets: side.store.gets.load(Ordering::Relaxed),
+        checksum_mismatches: side.metrics.checksum_mismatches.get(),
+        metad_term: term,
+        metad_leader: leader,
+        ..Default::default()
+    };
+    match m {
+        Ok(s) => {
+            r.keys = s.keys;
+            r.bytes_used = s.bytes_used;
+            r.bytes_total = s.bytes_total;
+        }
+        Err(e) => r.status = Some(failure_status(metad_failure(&e))),
+    }
+    r
 }
