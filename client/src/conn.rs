@@ -12,6 +12,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use prost::Message;
 use regolith_proto::fdpass;
+use regolith_proto::fdpass::write_all_async as write_all;
 use regolith_proto::frame::{self, Frame, FrameCodec};
 use regolith_proto::uds::{self, pb, Op};
 use tokio::net::UnixStream;
@@ -42,19 +43,6 @@ pub struct Hello {
     pub reply: pb::HelloReply,
     pub segment_fd: Option<OwnedFd>,
     pub staging_fd: OwnedFd,
-}
-
-async fn write_all(sock: &UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        sock.writable().await?;
-        match sock.try_write(buf) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 impl Conn {

@@ -441,10 +441,10 @@ impl Args {
             max_entry_bytes,
             raft_max_message_bytes,
             sled_cache_bytes: size("sled-cache", self.sled_cache.or(file.sled_cache), 32 << 20)?,
-            worker_threads: match self.worker_threads.or(file.worker_threads) {
-                Some(0) => return Err(Error::Config("--worker-threads must be at least 1".into())),
-                n => n,
-            },
+            worker_threads: regolith_proto::daemon::worker_threads(
+                self.worker_threads.or(file.worker_threads),
+            )
+            .map_err(Error::Config)?,
             verbose: self.verbose,
             json_logs,
         })
@@ -456,12 +456,8 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Settings> {
-        let argv = normalize_argv(
-            std::iter::once("regolith-metad")
-                .chain(args.iter().copied())
-                .map(String::from),
-        );
-        Args::try_parse_from(argv)
+        let argv = std::iter::once("regolith-metad").chain(args.iter().copied());
+        regolith_proto::daemon::parse_argv::<Args>(argv.map(String::from))
             .map_err(|e| Error::Config(e.to_string()))?
             .resolve()
     }

@@ -18,6 +18,21 @@ pub struct Shell {
     pub log_levels: [&'static str; 3],
 }
 
+/// `--worker-threads` as the runtime takes it: absent (one per core) or at least 1.
+pub fn worker_threads(n: Option<usize>) -> Result<Option<usize>, String> {
+    match n {
+        Some(0) => Err("--worker-threads must be at least 1".into()),
+        n => Ok(n),
+    }
+}
+
+/// Parses a daemon's command line (`argv[0]` first; Mooncake's `-v=N` spellings accepted).
+pub fn parse_argv<A: clap::Parser>(
+    argv: impl IntoIterator<Item = String>,
+) -> Result<A, clap::Error> {
+    A::try_parse_from(normalize_argv(argv))
+}
+
 /// What [`main`] needs from a daemon's resolved settings.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Process {
@@ -29,7 +44,7 @@ pub struct Process {
 /// A daemon's whole process: parses `argv` (argv[0] included; Mooncake's `-v=N` rewritten by
 /// [`normalize_argv`]) with clap into `A`, resolves it into settings (`resolve`), starts
 /// logging and the runtime, runs `start` (before SIGTERM/SIGINT are caught: a signal then ends
-/// the process at once), then `serve` with a shutdown signal that turns `true` on
+/// the process at once), then `serve` with a [`Shutdown`] that fires on
 /// SIGTERM/SIGINT. Exit codes: 0 (also for `--help`/`--version`), 2 for a usage or
 /// configuration error, 1 when the runtime cannot start or `start`/`serve` fails.
 pub fn main<A, S, E, T, RE, Start, Serve>(
@@ -48,7 +63,7 @@ where
     Serve: Future<Output = Result<(), RE>>,
 {
     let name = shell.name;
-    let args = match A::try_parse_from(normalize_argv(argv)) {
+    let args = match parse_argv::<A>(argv) {
         Ok(a) => a,
         Err(e) => {
             let _ = e.print();

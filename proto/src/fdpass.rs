@@ -172,6 +172,21 @@ pub async fn recv_fds_async(
     .await
 }
 
+/// Writes all of `buf` to a tokio Unix socket shared by reference (a frame's bytes need no
+/// descriptors; both ends of the UDS protocol write this way).
+pub async fn write_all_async(sock: &tokio::net::UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        sock.writable().await?;
+        match sock.try_write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

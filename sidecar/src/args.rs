@@ -338,10 +338,10 @@ impl Args {
                 Duration::from_secs(30),
             )?,
             huge_pages,
-            worker_threads: match self.worker_threads.or(file.worker_threads) {
-                Some(0) => return Err(cfg("--worker-threads must be at least 1".into())),
-                n => n,
-            },
+            worker_threads: regolith_proto::daemon::worker_threads(
+                self.worker_threads.or(file.worker_threads),
+            )
+            .map_err(cfg)?,
             test_hooks: self.test_hooks,
             verbose: self.verbose,
             json_logs,
@@ -354,12 +354,8 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Settings> {
-        let argv = normalize_argv(
-            std::iter::once("regolith-sidecar")
-                .chain(args.iter().copied())
-                .map(String::from),
-        );
-        Args::try_parse_from(argv)
+        let argv = std::iter::once("regolith-sidecar").chain(args.iter().copied());
+        regolith_proto::daemon::parse_argv::<Args>(argv.map(String::from))
             .map_err(|e| Error::Config(e.to_string()))?
             .resolve()
     }

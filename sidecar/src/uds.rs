@@ -7,6 +7,7 @@
 //! sidecar stops reading from it (back-pressure). When a client goes away, its unfinished puts
 //! are aborted and its local copies stop counting as in flight.
 
+use regolith_proto::fdpass::write_all_async as write_all;
 use regolith_proto::shutdown::Shutdown;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -149,19 +150,6 @@ fn error_body(code: pb::Code, msg: &str) -> Vec<u8> {
         status: Some(uds::status(code, msg)),
     }
     .encode_to_vec()
-}
-
-async fn write_all(sock: &UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        sock.writable().await?;
-        match sock.try_write(buf) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// Reads frames (and any descriptors riding with them) from the socket.
