@@ -67,11 +67,15 @@ pub fn require(name: &str) -> PathBuf {
 
 /// The message for a missing binary `name` at `p`.
 pub fn missing(name: &str, p: &Path) -> String {
-    let profile = match p.parent().and_then(Path::file_name) {
-        Some(n) if n == "debug" => String::new(),
+    let dir = p.parent().unwrap_or(Path::new("."));
+    // A cargo target dir holds CACHEDIR.TAG; elsewhere (REGOLITH_BIN_DIR) no profile is implied.
+    let in_target = dir
+        .parent()
+        .is_some_and(|t| t.join("CACHEDIR.TAG").exists());
+    let profile = match dir.file_name() {
         Some(n) if n == "release" => " --release".into(),
-        Some(n) => format!(" --profile {}", n.to_string_lossy()),
-        None => String::new(),
+        Some(n) if n != "debug" && in_target => format!(" --profile {}", n.to_string_lossy()),
+        _ => String::new(),
     };
     format!(
         "{name} not found at {}: build it with `cargo build{profile} -p {}` (`cargo test \
@@ -103,6 +107,8 @@ mod tests {
         assert!(m.contains("`cargo build --release -p regolith-cli`"), "{m}");
         let m = missing(METAD, Path::new("/t/debug/regolith-metad"));
         assert!(m.contains("`cargo build -p regolith-metad`"), "{m}");
+        let m = missing(SIDECAR, Path::new("/opt/bins/regolith-sidecar"));
+        assert!(m.contains("`cargo build -p regolith-sidecar`"), "{m}");
         assert!(find("no-such-binary-here").is_err());
     }
 }
