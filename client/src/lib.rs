@@ -5,7 +5,8 @@
 //! the staging area or a registered buffer; batch calls are one round trip.
 //!
 //! Modules:
-//! * [`client`] — [`AsyncClient`]: puts, gets, key operations, shared buffers.
+//! * [`client`] — [`AsyncClient`]: the session, key operations, shared buffers; its puts in
+//!   `client/put.rs` and its gets in `client/get.rs`.
 //! * [`blocking`] — [`Client`], the blocking API over it.
 //! * [`conn`] — one pipelined connection: hello, frames, replies routed by id.
 //! * [`shm`] — mapped memfds (segment, staging, [`ShmBuffer`]) and the fused copy+hash.

@@ -10,6 +10,10 @@
 //! header.meta_entries`. Objects stream one by one, so neither writing nor reading holds the
 //! snapshot in memory. Free space is not stored: restore recomputes it from the objects, which
 //! also checks that no two objects overlap.
+//!
+//! Why one file over 600 lines: `apply` and the snapshot format must change together (the
+//! determinism invariant is "same log prefix ⇒ same snapshot bytes"), so every command's apply
+//! and the (de)serialisation of what it touches stay side by side.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};

@@ -7,6 +7,10 @@
 //! into that memory can still be running. (Spawned per-connection tasks would use more cores for
 //! one huge transfer, but could outlive a cancelled caller and write into memory it reused;
 //! concurrent transfers run on their own tasks and spread over cores anyway.)
+//!
+//! Why one file over 600 lines: the pool and the driver share the check-out/return rules of a
+//! connection (which pair, when it is dropped, when a slice moves to another pair), and the
+//! driver's soundness argument above covers both.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

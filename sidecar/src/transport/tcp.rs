@@ -6,6 +6,10 @@
 //! segment memfd (falling back to `write` from the mapping where the memfd cannot splice, e.g.
 //! hugetlbfs); the client sends from and receives into the caller's memory directly, hashing
 //! each 64 KiB chunk next to its send or receive.
+//!
+//! Why one file of about a thousand lines: the client and the server of one wire protocol,
+//! each frame's writer next to its reader, so a change to either end is read with the other
+//! (`sidecar/tests/dataplane.rs` runs both ends against each other).
 
 use std::io;
 use std::net::SocketAddr;
