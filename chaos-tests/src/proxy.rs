@@ -5,7 +5,6 @@
 //! Delay is latency, not a bandwidth cap: every chunk read is stamped and written once its
 //! stamp plus the delay has passed, so a stream keeps its throughput.
 
-use regolith_proto::shutdown::{Shutdown, ShutdownTrigger};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,6 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
+
+use regolith_proto::shutdown::{Shutdown, ShutdownTrigger};
 
 use crate::error::{Error, Result};
 

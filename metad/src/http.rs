@@ -8,7 +8,6 @@
 //! forwards it to the leader over one kept gRPC client (which follows redirects and retries
 //! across elections), as does a leader that lost its office during the call.
 
-use regolith_proto::shutdown::Shutdown;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -22,6 +21,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use regolith_proto::client::{ClientConfig, MetadClient};
+use regolith_proto::shutdown::Shutdown;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 

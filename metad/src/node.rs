@@ -2,7 +2,6 @@
 //! (together the [`Ops`] the services call), the periodic leader work and the summary log.
 //! The listeners and the servers on them are `run.rs`'s.
 
-use regolith_proto::shutdown::Shutdown;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +9,7 @@ use std::time::Duration;
 use openraft::BasicNode;
 use parking_lot::Mutex;
 use regolith_proto::auth::TokenInterceptor;
+use regolith_proto::shutdown::Shutdown;
 use regolith_raft_log::{StorageConfig, StorageStats};
 
 use crate::args::Settings;

@@ -3,13 +3,13 @@
 //! [`Replica`]: the listeners, bound before storage and Raft start, and the gRPC and HTTP
 //! servers on them.
 
-use regolith_proto::shutdown::Shutdown;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use regolith_proto::auth::TokenCheck;
 use regolith_proto::metad::metad_server::MetadServer;
 use regolith_proto::raft::raft_server::RaftServer;
+use regolith_proto::shutdown::Shutdown;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 

@@ -1,6 +1,5 @@
 //! `/metrics` (Prometheus), `/health` and `/status` (JSON) on `--metrics-addr` (hyper 1).
 
-use regolith_proto::shutdown::Shutdown;
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,6 +11,8 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
+
+use regolith_proto::shutdown::Shutdown;
 
 use crate::error::{Error, Result};
 use crate::node::Sidecar;

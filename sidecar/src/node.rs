@@ -1,7 +1,6 @@
 //! The running sidecar: identity, the segment's life with metad (mount, heartbeats, remount,
 //! drain, unmount). What it does for its local clients is in [`crate::ops`].
 
-use regolith_proto::shutdown::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,6 +8,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use regolith_proto::client::{ClientConfig, MetadClient};
 use regolith_proto::metad as mpb;
+use regolith_proto::shutdown::Shutdown;
 
 use crate::args::Settings;
 use crate::error::{Error, Result};

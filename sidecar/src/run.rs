@@ -5,7 +5,6 @@
 //! sidecar serves). SIGTERM: stop accepting clients, drain when asked, unmount, remove the
 //! socket.
 
-use regolith_proto::shutdown::Shutdown;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
@@ -23,6 +22,7 @@ use crate::tracker::{Tracker, TrackerAdmission};
 use crate::transport::tcp::{ServerConfig, TcpConfig, TcpServer, TcpTransport};
 use crate::transport::{DataClient, StripeConfig, TransportStats};
 use regolith_proto::daemon;
+use regolith_proto::shutdown::Shutdown;
 
 /// Logs on stderr; `-v` debug and `-vv` trace for the sidecar; `RUST_LOG` overrides.
 pub const SHELL: daemon::Shell = daemon::Shell {
