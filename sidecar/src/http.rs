@@ -10,9 +10,8 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
-
 use regolith_proto::shutdown::Shutdown;
+use tokio::net::TcpListener;
 
 use crate::error::{Error, Result};
 use crate::node::Sidecar;
