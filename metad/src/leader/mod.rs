@@ -280,7 +280,7 @@ impl Leader {
             } else {
                 req.soft_pin_ttl_ms
             },
-            deadline_ms: now.mono_ms + self.cfg.put_timeout_ms,
+            deadline_ms: now.mono_ms.saturating_add(self.cfg.put_timeout_ms),
             state: ResState::Live,
         });
         Ok(Reserved {
@@ -296,7 +296,7 @@ impl Leader {
         let (total, _) = self.shadow.usage();
         let limit = (total as f64 * self.cfg.hard_pin_max_ratio) as u64;
         let pinned = sm.hard_pinned_bytes() + self.res.hard_pinned_bytes();
-        if pinned + bytes > limit {
+        if pinned.saturating_add(bytes) > limit {
             return Err(Error::QuotaExceeded {
                 key: key.to_string(),
                 pinned,
@@ -333,7 +333,7 @@ impl Leader {
         r.state = ResState::Committing;
         let pin = match r.pin {
             Pin::Soft { .. } => Pin::Soft {
-                until_ms: now.wall_ms + r.soft_pin_ttl_ms,
+                until_ms: now.wall_ms.saturating_add(r.soft_pin_ttl_ms),
             },
             p => p,
         };
@@ -344,10 +344,11 @@ impl Leader {
             checksum,
             version,
             pin,
+            // A TTL too large to add (up to u64::MAX) saturates: the object never expires.
             expires_ms: if r.ttl_ms == 0 {
                 0
             } else {
-                now.wall_ms + r.ttl_ms
+                now.wall_ms.saturating_add(r.ttl_ms)
             },
         }))
     }
@@ -425,7 +426,7 @@ impl Leader {
         requester: NodeId,
         now: Now,
     ) -> Vec<Option<Placement>> {
-        let until = now.mono_ms + self.cfg.lease_ttl_ms;
+        let until = now.mono_ms.saturating_add(self.cfg.lease_ttl_ms);
         let access = access_s(now);
         keys.iter()
             .map(|k| {
@@ -468,8 +469,10 @@ impl Leader {
                     o.access_s = access_s(now);
                 }
                 self.res.remove(version);
-                self.res
-                    .remember_commit(*version, now.mono_ms + self.cfg.put_timeout_ms);
+                self.res.remember_commit(
+                    *version,
+                    now.mono_ms.saturating_add(self.cfg.put_timeout_ms),
+                );
             }
             Effect::CommitRejected { version } => {
                 if let Some(r) = self.res.remove(version) {
@@ -577,7 +580,7 @@ impl Leader {
         }
         if self
             .expire_proposed_ms
-            .is_some_and(|t| now.mono_ms < t + REPROPOSE_MS)
+            .is_some_and(|t| now.mono_ms < t.saturating_add(REPROPOSE_MS))
         {
             return None;
         }
@@ -590,7 +593,9 @@ impl Leader {
     /// An `Evict` batch when usage is above the high watermark, or when `extra` more bytes are
     /// needed (a reservation found no space).
     pub fn eviction_due(&mut self, sm: &StateMachine, now: Now, extra: u64) -> Option<Command> {
-        if !self.evicting.is_empty() && now.mono_ms < self.evict_proposed_ms + REPROPOSE_MS {
+        if !self.evicting.is_empty()
+            && now.mono_ms < self.evict_proposed_ms.saturating_add(REPROPOSE_MS)
+        {
             return None;
         }
         self.evicting.clear();
@@ -642,3 +647,6 @@ fn placed_replica(sm: &StateMachine, r: &Replica) -> PlacedReplica {
 fn access_s(now: Now) -> u32 {
     (now.mono_ms / 1000) as u32
 }
+
+#[cfg(test)]
+mod tests;
