@@ -243,9 +243,7 @@ impl Leader {
             |s| self.alive(s, now),
         );
         if order.is_empty() {
-            return Err(Error::NoSegments {
-                key: req.key.clone(),
-            });
+            return Err(self.not_ready_or(req, now, 0, |key| Error::NoSegments { key }));
         }
         let distinct_nodes = order.iter().map(|s| s.node).collect::<BTreeSet<_>>().len();
         let count = (replicas as usize).min(distinct_nodes);
@@ -256,11 +254,11 @@ impl Leader {
             count,
             self.cfg.max_extents_per_replica,
         ) else {
-            return Err(Error::NoSpace {
-                key: req.key.clone(),
+            return Err(self.not_ready_or(req, now, req.size, |key| Error::NoSpace {
+                key,
                 size: req.size,
                 replicas,
-            });
+            }));
         };
         let version = self.res.next_version(self.term);
         let pin = match req.pin {
@@ -290,6 +288,38 @@ impl Leader {
             replicas: placed.iter().map(|r| placed_replica(sm, r)).collect(),
             expires_in_ms: self.cfg.put_timeout_ms,
         })
+    }
+
+    /// A placement failed: answers [`Error::SegmentsNotReady`] (retryable) when some live,
+    /// non-draining segment with at least `min_free` free bytes could have taken the put but has
+    /// not heartbeated to this leader yet (a new leader places nothing there before that, design
+    /// §4), else the definite error `otherwise` makes from the key.
+    fn not_ready_or(
+        &self,
+        req: &PutRequest,
+        now: Now,
+        min_free: u64,
+        otherwise: impl FnOnce(String) -> Error,
+    ) -> Error {
+        let waiting = self
+            .shadow
+            .segments()
+            .filter(|(id, s)| {
+                !s.ready
+                    && !s.draining
+                    && s.alloc.capacity() > 0
+                    && s.alloc.free_bytes() >= min_free
+                    && self.alive(id, now)
+            })
+            .count();
+        if waiting == 0 {
+            return otherwise(req.key.clone());
+        }
+        Error::SegmentsNotReady {
+            key: req.key.clone(),
+            waiting,
+            term: self.term,
+        }
     }
 
     fn check_hard_pin_quota(&self, sm: &StateMachine, key: &str, bytes: u64) -> Result<()> {

@@ -153,3 +153,106 @@ fn finding_9_drain_with_huge_timeout_waits_for_the_segment_to_empty() {
     );
     assert!(core.sm().contains("k"));
 }
+
+// ---------------------------------------------------------------- finding 11
+
+fn heartbeat(core: &mut Core, seg: SegmentId, now: Now) {
+    let (l, sm) = core.leader_parts().expect("leader");
+    l.heartbeat(
+        sm,
+        &Heartbeat {
+            segment: seg,
+            ..Default::default()
+        },
+        now,
+    );
+}
+
+#[test]
+fn finding_11_fresh_leader_before_heartbeats_answers_retryable_not_no_space() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    // Mounted under an earlier leader; this node now leads a new term: no heartbeat yet.
+    core.apply(&mount("a", t0), t0);
+    core.apply(&mount("b", t0), t0);
+    core.become_leader(2, t0);
+    let segs: Vec<SegmentId> = core.sm().segments().map(|s| s.id).collect();
+
+    let (l, sm) = core.leader_parts().expect("leader");
+    let err = l.reserve(sm, &put("k", 0), t0).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::SegmentsNotReady {
+                waiting: 2,
+                term: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        crate::grpc::convert::code_of(&err),
+        regolith_proto::metad::Code::NotReady,
+        "a retryable code, not NO_SPACE / NOT_ENOUGH_NODES"
+    );
+    assert!(err.to_string().contains("\"k\""), "{err}");
+
+    // One segment heartbeats: the put is placed there.
+    heartbeat(&mut core, segs[0], t0);
+    let (l, sm) = core.leader_parts().expect("leader");
+    let r = l
+        .reserve(sm, &put("k", 0), t0)
+        .expect("placed once a heartbeat arrived");
+    assert_eq!(r.replicas.len(), 1);
+    assert_eq!(r.replicas[0].segment, segs[0]);
+
+    // The ready segment is full, the other still has not heartbeated: retryable again, not a
+    // definite NO_SPACE.
+    let big = PutRequest {
+        size: CAP,
+        ..put("big", 0)
+    };
+    let err = l.reserve(sm, &big, t0).unwrap_err();
+    assert!(
+        matches!(err, Error::SegmentsNotReady { waiting: 1, .. }),
+        "{err:?}"
+    );
+    heartbeat(&mut core, segs[1], t0);
+    let (l, sm) = core.leader_parts().expect("leader");
+    let r = l
+        .reserve(sm, &big, t0)
+        .expect("placed on the second segment");
+    assert_eq!(r.replicas[0].segment, segs[1]);
+
+    // Every segment ready and full: the definite NO_SPACE as before.
+    let err = l.reserve(sm, &big_again(), t0).unwrap_err();
+    assert!(matches!(err, Error::NoSpace { .. }), "{err:?}");
+}
+
+fn big_again() -> PutRequest {
+    PutRequest {
+        size: CAP,
+        ..put("big2", 0)
+    }
+}
+
+#[test]
+fn finding_11_no_segments_at_all_is_still_not_enough_nodes() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    let seg = core.sm().segments().map(|s| s.id).next().expect("segment");
+    core.apply(
+        &Command::DrainSegment {
+            segment: seg,
+            deadline_ms: u64::MAX,
+        },
+        t0,
+    );
+    // The only segment drains (a definite refusal), whether or not it has heartbeated.
+    let (l, sm) = core.leader_parts().expect("leader");
+    let err = l.reserve(sm, &put("k", 0), t0).unwrap_err();
+    assert!(matches!(err, Error::NoSegments { .. }), "{err:?}");
+}
