@@ -284,3 +284,89 @@ fn garbage_on_the_data_port_is_refused() {
     // Still serving.
     assert!(c.client(1).get("kept").unwrap() == value("kept", 200_000));
 }
+
+/// Finding 10 (issue 14): a REMOVE_ALL frame with a garbage body wiped every key of the
+/// cluster; REMOVE_ALL, LIST_SEGMENTS and STATS never decoded their bodies.
+#[test]
+fn finding_10_remove_all_with_a_garbage_body_removes_nothing() {
+    let c = Cluster::start(&["64MiB", "64MiB"]);
+    let good = c.client(0);
+    good.put("kept", &value("kept", 100_000), &ReplicateConfig::default())
+        .unwrap();
+    let sock = c.socket(0);
+    let error_of = |f: &frame::Frame| {
+        assert_eq!(
+            f.opcode,
+            Op::Error as u16,
+            "request {} answered opcode {}, not ERROR",
+            f.request_id,
+            f.opcode
+        );
+        let st = pb::ErrorReply::decode(f.body.as_ref())
+            .unwrap()
+            .status
+            .unwrap();
+        assert_eq!(st.code, pb::Code::InvalidArgument as i32, "{st:?}");
+        st.message
+    };
+    // Undecodable, and decodable as Empty with unknown fields (field 1 = 1; field 15 bytes).
+    let bodies: [&[u8]; 3] = [
+        &[0xff, 0xff, 0xff],
+        &[0x08, 0x01],
+        &[0x7a, 0x02, b'h', b'i'],
+    ];
+    let mut req = hello_frame();
+    for (id, body) in (10..).zip(bodies) {
+        req.extend(frame::encode_to_vec(Op::RemoveAll as u16, id, body).unwrap());
+    }
+    // LIST_SEGMENTS and STATS: an undecodable body is an error, an empty one answered.
+    req.extend(frame::encode_to_vec(Op::ListSegments as u16, 20, &[0xff, 0xff, 0xff]).unwrap());
+    req.extend(frame::encode_to_vec(Op::Stats as u16, 21, &[0xff, 0xff, 0xff]).unwrap());
+    req.extend(frame::encode_to_vec(Op::ListSegments as u16, 22, b"").unwrap());
+    req.extend(frame::encode_to_vec(Op::Stats as u16, 23, b"").unwrap());
+    let replies = frames(&poke_for(sock, &req, Duration::from_secs(2)));
+    let by_id = |id: u64| {
+        replies
+            .iter()
+            .find(|f| f.request_id == id)
+            .unwrap_or_else(|| panic!("no reply to request {id}: {replies:?}"))
+    };
+    let m = error_of(by_id(10));
+    assert!(m.contains("undecodable"), "{m}");
+    for id in [11, 12] {
+        let m = error_of(by_id(id));
+        assert!(m.contains("REMOVE_ALL takes an empty body"), "{m}");
+    }
+    error_of(by_id(20));
+    error_of(by_id(21));
+    assert_eq!(by_id(22).opcode, Op::ListSegments as u16);
+    let segs = pb::SegmentsReply::decode(by_id(22).body.as_ref()).unwrap();
+    assert_eq!(segs.segments.len(), 2, "{segs:?}");
+    assert_eq!(by_id(23).opcode, Op::Stats as u16);
+    // Nothing was removed: the key is there and reads back, from both nodes.
+    assert!(
+        good.exists("kept").unwrap(),
+        "REMOVE_ALL with a bad body removed \"kept\""
+    );
+    assert!(good.get("kept").unwrap() == value("kept", 100_000));
+    assert!(c.client(1).get("kept").unwrap() == value("kept", 100_000));
+    // The real request (an empty body) still works, and a put/get round trip after it.
+    let mut req = hello_frame();
+    req.extend(frame::encode_to_vec(Op::RemoveAll as u16, 30, b"").unwrap());
+    let replies = frames(&poke_for(sock, &req, Duration::from_secs(2)));
+    let r = replies
+        .iter()
+        .find(|f| f.request_id == 30)
+        .unwrap_or_else(|| panic!("no reply to REMOVE_ALL: {replies:?}"));
+    assert_eq!(r.opcode, Op::RemoveAll as u16);
+    let ra = pb::RemoveAllReply::decode(r.body.as_ref()).unwrap();
+    assert_eq!(ra.removed, 1, "{ra:?}");
+    assert!(!good.exists("kept").unwrap());
+    good.put(
+        "after",
+        &value("after", 100_000),
+        &ReplicateConfig::default(),
+    )
+    .unwrap();
+    assert!(c.client(1).get("after").unwrap() == value("after", 100_000));
+}

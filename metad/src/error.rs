@@ -20,6 +20,17 @@ pub enum Error {
     },
     #[error("no live segment can take {key:?}")]
     NoSegments { key: String },
+    /// Placement failed only because segments that could take the put have not heartbeated to
+    /// this leader yet (nothing is placed on a segment before that): retryable.
+    #[error(
+        "no segment can take {key:?} yet: {waiting} segment(s) have not heartbeated to the \
+         leader of term {term} since its election; retry"
+    )]
+    SegmentsNotReady {
+        key: String,
+        waiting: usize,
+        term: u64,
+    },
     #[error("hard-pin quota exceeded for {key:?}: {pinned} of {limit} bytes pinned")]
     QuotaExceeded {
         key: String,

@@ -33,12 +33,15 @@ pub const REMEMBER: Duration = Duration::from_secs(40);
 
 /// Adds `[off, off+len)` to a list of extents, merging it with an adjacent or overlapping one
 /// (slices of one transfer arrive in pieces of one range).
+/// The offset and length come from a peer's request, before any range check: the end saturates
+/// at `u64::MAX` rather than wrap (the length kept is clipped to it).
 fn add_extent(v: &mut Vec<Extent>, off: u64, len: u64) {
+    let new_end = off.saturating_add(len);
     for e in v.iter_mut() {
-        let (s, l) = (e.offset, e.len);
-        if off <= s + l && s <= off + len {
+        let (s, e_end) = (e.offset, e.offset.saturating_add(e.len));
+        if off <= e_end && s <= new_end {
             let start = s.min(off);
-            let end = (s + l).max(off + len);
+            let end = e_end.max(new_end);
             *e = Extent {
                 offset: start,
                 len: end - start,
@@ -46,7 +49,10 @@ fn add_extent(v: &mut Vec<Extent>, off: u64, len: u64) {
             return;
         }
     }
-    v.push(Extent { offset: off, len });
+    v.push(Extent {
+        offset: off,
+        len: new_end - off,
+    });
 }
 
 #[derive(Debug, Default)]
@@ -285,6 +291,55 @@ mod tests {
         add_extent(&mut v, 500, 10);
         add_extent(&mut v, 20, 10);
         assert_eq!(v, vec![e(0, 150), e(500, 10)]);
+    }
+
+    #[test]
+    fn finding_9_offset_near_u64_max_saturates() {
+        // Offsets and lengths come from a peer before any range check: the ends saturate.
+        let mut xs = Vec::new();
+        add_extent(&mut xs, u64::MAX - 10, 4096);
+        assert_eq!(xs, vec![e(u64::MAX - 10, 10)]);
+        add_extent(&mut xs, u64::MAX - 20, u64::MAX);
+        assert_eq!(xs, vec![e(u64::MAX - 20, 20)]);
+        add_extent(&mut xs, 0, 100);
+        assert_eq!(xs, vec![e(u64::MAX - 20, 20), e(0, 100)]);
+        // Through the admission check of a real tracker: admitted (the segment refuses the
+        // range later), remembered without wrapping, and the tracker keeps working.
+        let t = Tracker::new(1);
+        let a = TrackerAdmission(t.clone());
+        let g = a.admit_write(&write(1, 1, 1, u64::MAX - 100)).unwrap();
+        drop(g);
+        assert_eq!(t.in_flight(), vec![(v(1, 1), vec![e(u64::MAX - 100, 100)])]);
+        let g = a.admit_write(&write(1, 1, 2, 0)).unwrap();
+        drop(g);
+        assert_eq!(t.in_flight().len(), 2);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn finding_9_add_extent_never_wraps(
+            ranges in proptest::collection::vec((proptest::num::u64::ANY, proptest::num::u64::ANY), 1..20)
+        ) {
+            let mut v = Vec::new();
+            for (off, len) in &ranges {
+                add_extent(&mut v, *off, *len);
+            }
+            for x in &v {
+                proptest::prop_assert!(x.offset.checked_add(x.len).is_some(), "{x:?} wraps");
+            }
+            // Every byte asked for (up to the saturated end) is covered by some extent.
+            for (off, len) in &ranges {
+                let end = off.saturating_add(*len);
+                for p in [*off, end.saturating_sub(1).max(*off)] {
+                    if p < end {
+                        proptest::prop_assert!(
+                            v.iter().any(|x| x.offset <= p && p < x.offset + x.len),
+                            "byte {p} of [{off}, +{len}) not covered by {v:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

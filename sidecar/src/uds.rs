@@ -470,6 +470,15 @@ async fn dispatch(
             .encode_to_vec()
         }
         Op::RemoveAll => {
+            // It wipes every key of the cluster: only the exact request (an empty `Empty`)
+            // does, not a body that merely decodes (unknown fields are skipped by protobuf).
+            let _: pb::Empty = decode(&body)?;
+            if !body.is_empty() {
+                return Err(Error::InvalidArgument(format!(
+                    "REMOVE_ALL takes an empty body, got {} bytes: refused, nothing removed",
+                    body.len()
+                )));
+            }
             let (status, removed) = split(keys::remove_all(store).await);
             pb::RemoveAllReply { status, removed }.encode_to_vec()
         }
@@ -485,8 +494,14 @@ async fn dispatch(
             };
             pb::StatusReply { status: Some(st) }.encode_to_vec()
         }
-        Op::ListSegments => list_segments(side).await.encode_to_vec(),
-        Op::Stats => stats(side).await.encode_to_vec(),
+        Op::ListSegments => {
+            let _: pb::Empty = decode(&body)?;
+            list_segments(side).await.encode_to_vec()
+        }
+        Op::Stats => {
+            let _: pb::Empty = decode(&body)?;
+            stats(side).await.encode_to_vec()
+        }
         Op::Hello | Op::Error => {
             return Err(Error::InvalidArgument(format!(
                 "{} is not a request here",

@@ -245,6 +245,7 @@ pub fn code_of(e: &Error) -> pb::Code {
         Error::NotFound { .. } => pb::Code::NotFound,
         Error::NoSpace { .. } => pb::Code::NoSpace,
         Error::NoSegments { .. } => pb::Code::NotEnoughNodes,
+        Error::SegmentsNotReady { .. } => pb::Code::NotReady,
         Error::QuotaExceeded { .. } => pb::Code::QuotaExceeded,
         Error::StaleReservation { .. } => pb::Code::StaleReservation,
         Error::Expired { .. } => pb::Code::Expired,

@@ -33,9 +33,11 @@ fn status(e: Error) -> Status {
         Error::NotFound { .. } => Status::not_found(e.to_string()),
         Error::NoSuch(m) => Status::not_found(m),
         Error::Precondition(m) => Status::failed_precondition(m),
-        Error::NotReady(_) | Error::NoLeaderState | Error::Raft(_) | Error::Unavailable(_) => {
-            Status::unavailable(e.to_string())
-        }
+        Error::NotReady(_)
+        | Error::SegmentsNotReady { .. }
+        | Error::NoLeaderState
+        | Error::Raft(_)
+        | Error::Unavailable(_) => Status::unavailable(e.to_string()),
         other => Status::internal(other.to_string()),
     }
 }
@@ -413,6 +415,16 @@ mod tests {
                 "leader state not built yet",
             ),
             (Error::Raft("lost".into()), Code::Unavailable, "raft: lost"),
+            (
+                Error::SegmentsNotReady {
+                    key: "k".into(),
+                    waiting: 2,
+                    term: 3,
+                },
+                Code::Unavailable,
+                "no segment can take \"k\" yet: 2 segment(s) have not heartbeated to the leader \
+                 of term 3 since its election; retry",
+            ),
             (
                 Error::Unavailable("stopped".into()),
                 Code::Unavailable,

@@ -74,7 +74,7 @@ impl Liveness {
             if self
                 .proposed
                 .get(seg)
-                .is_some_and(|t| now_ms < t + retry_ms)
+                .is_some_and(|t| now_ms < t.saturating_add(retry_ms))
             {
                 continue;
             }

@@ -247,9 +247,7 @@ impl Leader {
             |s| self.alive(s, now),
         );
         if order.is_empty() {
-            return Err(Error::NoSegments {
-                key: req.key.clone(),
-            });
+            return Err(self.not_ready_or(req, now, 0, |key| Error::NoSegments { key }));
         }
         let distinct_nodes = order.iter().map(|s| s.node).collect::<BTreeSet<_>>().len();
         let count = (replicas as usize).min(distinct_nodes);
@@ -260,11 +258,11 @@ impl Leader {
             count,
             self.cfg.max_extents_per_replica,
         ) else {
-            return Err(Error::NoSpace {
-                key: req.key.clone(),
+            return Err(self.not_ready_or(req, now, req.size, |key| Error::NoSpace {
+                key,
                 size: req.size,
                 replicas,
-            });
+            }));
         };
         let version = self.res.next_version(self.term);
         let pin = match req.pin {
@@ -284,7 +282,7 @@ impl Leader {
             } else {
                 req.soft_pin_ttl_ms
             },
-            deadline_ms: now.mono_ms + self.cfg.put_timeout_ms,
+            deadline_ms: now.mono_ms.saturating_add(self.cfg.put_timeout_ms),
             state: ResState::Live,
         });
         Ok(Reserved {
@@ -296,11 +294,43 @@ impl Leader {
         })
     }
 
+    /// A placement failed: answers [`Error::SegmentsNotReady`] (retryable) when some live,
+    /// non-draining segment with at least `min_free` free bytes could have taken the put but has
+    /// not heartbeated to this leader yet (a new leader places nothing there before that, design
+    /// §4), else the definite error `otherwise` makes from the key.
+    fn not_ready_or(
+        &self,
+        req: &PutRequest,
+        now: Now,
+        min_free: u64,
+        otherwise: impl FnOnce(String) -> Error,
+    ) -> Error {
+        let waiting = self
+            .shadow
+            .segments()
+            .filter(|(id, s)| {
+                !s.ready
+                    && !s.draining
+                    && s.alloc.capacity() > 0
+                    && s.alloc.free_bytes() >= min_free
+                    && self.alive(id, now)
+            })
+            .count();
+        if waiting == 0 {
+            return otherwise(req.key.clone());
+        }
+        Error::SegmentsNotReady {
+            key: req.key.clone(),
+            waiting,
+            term: self.term,
+        }
+    }
+
     fn check_hard_pin_quota(&self, sm: &StateMachine, key: &str, bytes: u64) -> Result<()> {
         let (total, _) = self.shadow.usage();
         let limit = (total as f64 * self.cfg.hard_pin_max_ratio) as u64;
         let pinned = sm.hard_pinned_bytes() + self.res.hard_pinned_bytes();
-        if pinned + bytes > limit {
+        if pinned.saturating_add(bytes) > limit {
             return Err(Error::QuotaExceeded {
                 key: key.to_string(),
                 pinned,
@@ -337,7 +367,7 @@ impl Leader {
         r.state = ResState::Committing;
         let pin = match r.pin {
             Pin::Soft { .. } => Pin::Soft {
-                until_ms: now.wall_ms + r.soft_pin_ttl_ms,
+                until_ms: now.wall_ms.saturating_add(r.soft_pin_ttl_ms),
             },
             p => p,
         };
@@ -348,10 +378,11 @@ impl Leader {
             checksum,
             version,
             pin,
+            // A TTL too large to add (up to u64::MAX) saturates: the object never expires.
             expires_ms: if r.ttl_ms == 0 {
                 0
             } else {
-                now.wall_ms + r.ttl_ms
+                now.wall_ms.saturating_add(r.ttl_ms)
             },
         }))
     }
@@ -429,7 +460,7 @@ impl Leader {
         requester: NodeId,
         now: Now,
     ) -> Vec<Option<Placement>> {
-        let until = now.mono_ms + self.cfg.lease_ttl_ms;
+        let until = now.mono_ms.saturating_add(self.cfg.lease_ttl_ms);
         let access = access_s(now);
         keys.iter()
             .map(|k| {
@@ -472,8 +503,10 @@ impl Leader {
                     o.access_s = access_s(now);
                 }
                 self.res.remove(version);
-                self.res
-                    .remember_commit(*version, now.mono_ms + self.cfg.put_timeout_ms);
+                self.res.remember_commit(
+                    *version,
+                    now.mono_ms.saturating_add(self.cfg.put_timeout_ms),
+                );
             }
             Effect::CommitRejected { version } => {
                 if let Some(r) = self.res.remove(version) {
@@ -581,7 +614,7 @@ impl Leader {
         }
         if self
             .expire_proposed_ms
-            .is_some_and(|t| now.mono_ms < t + REPROPOSE_MS)
+            .is_some_and(|t| now.mono_ms < t.saturating_add(REPROPOSE_MS))
         {
             return None;
         }
@@ -594,7 +627,9 @@ impl Leader {
     /// An `Evict` batch when usage is above the high watermark, or when `extra` more bytes are
     /// needed (a reservation found no space).
     pub fn eviction_due(&mut self, sm: &StateMachine, now: Now, extra: u64) -> Option<Command> {
-        if !self.evicting.is_empty() && now.mono_ms < self.evict_proposed_ms + REPROPOSE_MS {
+        if !self.evicting.is_empty()
+            && now.mono_ms < self.evict_proposed_ms.saturating_add(REPROPOSE_MS)
+        {
             return None;
         }
         self.evicting.clear();
@@ -646,3 +681,6 @@ fn placed_replica(sm: &StateMachine, r: &Replica) -> PlacedReplica {
 fn access_s(now: Now) -> u32 {
     (now.mono_ms / 1000) as u32
 }
+
+#[cfg(test)]
+mod tests;

@@ -169,7 +169,7 @@ impl Reservations {
             .values()
             .filter(|r| match r.state {
                 ResState::Live => now_ms > r.deadline_ms,
-                ResState::Committing => now_ms > r.deadline_ms + put_timeout_ms,
+                ResState::Committing => now_ms > r.deadline_ms.saturating_add(put_timeout_ms),
                 ResState::Quarantined => false,
             })
             .map(|r| r.version)

@@ -77,6 +77,13 @@ pub fn check_heartbeat_lists(in_flight: usize, released: usize) -> Result<()> {
     Ok(())
 }
 
+/// When a drain asked at `now_ms` with `timeout_ms` gives up waiting (wall clock). The timeout
+/// comes from the request: one too large to add (up to `u64::MAX`) saturates, and the drain
+/// then waits for the segment to empty.
+pub fn drain_deadline_ms(now_ms: u64, timeout_ms: u64) -> u64 {
+    now_ms.saturating_add(timeout_ms)
+}
+
 impl Ops {
     pub async fn mount(&self, m: Mount) -> Result<Mounted> {
         validate_mount(&m)?;
@@ -154,7 +161,7 @@ impl Ops {
                 },
             )
         };
-        let deadline_ms = self.clock.now().wall_ms + timeout;
+        let deadline_ms = drain_deadline_ms(self.clock.now().wall_ms, timeout);
         match self
             .propose(Command::DrainSegment {
                 segment,

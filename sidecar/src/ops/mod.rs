@@ -81,7 +81,10 @@ pub fn code_of(c: mpb::Code) -> Code {
         mpb::Code::AlreadyExists => Code::AlreadyExists,
         mpb::Code::NoSpace | mpb::Code::NotEnoughNodes | mpb::Code::QuotaExceeded => Code::NoSpace,
         mpb::Code::InvalidArgument => Code::InvalidArgument,
-        mpb::Code::StaleReservation | mpb::Code::Expired | mpb::Code::Conflict => Code::Unavailable,
+        mpb::Code::StaleReservation
+        | mpb::Code::Expired
+        | mpb::Code::Conflict
+        | mpb::Code::NotReady => Code::Unavailable,
         mpb::Code::Internal => Code::Internal,
     }
 }
@@ -220,3 +223,17 @@ impl Store {
 
 #[cfg(test)]
 pub(crate) mod testing;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finding_11_metad_not_ready_is_a_retryable_unavailable() {
+        // A fresh leader whose segments have not heartbeated yet answers NOT_READY: the client
+        // retries UNAVAILABLE; NO_SPACE would be a definite failure.
+        assert_eq!(code_of(mpb::Code::NotReady), Code::Unavailable);
+        assert_eq!(code_of(mpb::Code::NoSpace), Code::NoSpace);
+        assert_eq!(code_of(mpb::Code::NotEnoughNodes), Code::NoSpace);
+    }
+}

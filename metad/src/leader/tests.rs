@@ -1,0 +1,258 @@
+//! Sans-I/O tests of the leader's logic, named after the hardening findings they cover
+//! (issue 14).
+
+use super::*;
+use crate::command::Outcome;
+use crate::core::Core;
+
+const CAP: u64 = 1 << 20;
+
+fn at(mono_ms: u64, wall_ms: u64) -> Now {
+    Now { mono_ms, wall_ms }
+}
+
+fn mount(name: &str, now: Now) -> Command {
+    Command::MountSegment {
+        node_name: name.into(),
+        node_id_hint: 0,
+        capacity: CAP,
+        data_addrs: vec![],
+        now_ms: now.wall_ms,
+    }
+}
+
+fn put(key: &str, ttl_ms: u64) -> PutRequest {
+    PutRequest {
+        key: key.into(),
+        size: 4096,
+        replicas: 1,
+        ttl_ms,
+        ..Default::default()
+    }
+}
+
+/// Reserves and commits `req` on `core`'s leader, applying the `CommitPut`; returns it.
+fn put_and_commit(core: &mut Core, req: &PutRequest, now: Now) -> Command {
+    let (l, sm) = core.leader_parts().expect("leader");
+    let r = l.reserve(sm, req, now).expect("reserve");
+    let CommitStep::Propose(cmd) = l.commit(r.version, 7, now).expect("commit") else {
+        panic!("first commit of {:?} proposes", req.key);
+    };
+    assert_eq!(core.apply(&cmd, now), Outcome::Committed);
+    cmd
+}
+
+/// Heartbeats every mounted segment, then runs the leader's tick and applies what it proposes.
+fn heartbeat_and_tick(core: &mut Core, now: Now) {
+    let segs: Vec<SegmentId> = core.sm().segments().map(|s| s.id).collect();
+    let (l, sm) = core.leader_parts().expect("leader");
+    for s in segs {
+        l.heartbeat(
+            sm,
+            &Heartbeat {
+                segment: s,
+                ..Default::default()
+            },
+            now,
+        );
+    }
+    let cmds = l.tick(sm, now, true);
+    for c in cmds {
+        core.apply(&c, now);
+    }
+}
+
+// ---------------------------------------------------------------- finding 9
+
+#[test]
+fn finding_9_ttl_u64_max_never_expires() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+
+    let cmd = put_and_commit(&mut core, &put("forever", u64::MAX), t0);
+    let Command::CommitPut { expires_ms, .. } = cmd else {
+        panic!("commit of \"forever\" is a CommitPut, got {cmd:?}");
+    };
+    assert_eq!(expires_ms, u64::MAX, "a TTL too large to add saturates");
+    // A control with an ordinary TTL, which does expire.
+    put_and_commit(&mut core, &put("short", 1_000), t0);
+
+    // Long after (a day, then ten years): the huge TTL is still there, the short one is gone.
+    for later_s in [86_400u64, 10 * 365 * 86_400] {
+        let later = at(t0.mono_ms + later_s * 1000, t0.wall_ms + later_s * 1000);
+        heartbeat_and_tick(&mut core, later);
+        assert!(
+            core.sm().contains("forever"),
+            "gone {later_s} s after commit"
+        );
+        assert!(!core.sm().contains("short"), "the 1 s TTL expired");
+    }
+    // Even an expiry pass at the end of time keeps it.
+    core.apply(
+        &Command::ExpirePins {
+            now_ms: u64::MAX - 1,
+        },
+        t0,
+    );
+    assert!(core.sm().contains("forever"));
+}
+
+#[test]
+fn finding_9_huge_soft_pin_ttl_and_clock_near_max_saturate() {
+    // Times near the end of the clock range: nothing a request adds may wrap (debug builds
+    // panic on overflow, release builds would compute a time in the past).
+    let t0 = at(u64::MAX - 10, u64::MAX - 10);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    let req = PutRequest {
+        pin: PinKind::Soft,
+        soft_pin_ttl_ms: u64::MAX,
+        ..put("pinned", 5_000)
+    };
+    let cmd = put_and_commit(&mut core, &req, t0);
+    let Command::CommitPut {
+        expires_ms, pin, ..
+    } = cmd
+    else {
+        panic!("commit of \"pinned\" is a CommitPut, got {cmd:?}");
+    };
+    assert_eq!(expires_ms, u64::MAX);
+    assert_eq!(pin, Pin::Soft { until_ms: u64::MAX });
+    // Gets grant leases, ticks expire reservations and leases: none of it wraps.
+    let (l, sm) = core.leader_parts().expect("leader");
+    assert!(l.get(sm, &["pinned".into()], 1, t0)[0].is_some());
+    heartbeat_and_tick(&mut core, t0);
+    assert!(core.sm().contains("pinned"));
+}
+
+#[test]
+fn finding_9_drain_with_huge_timeout_waits_for_the_segment_to_empty() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    put_and_commit(&mut core, &put("k", 0), t0);
+    let seg = core.sm().segments().map(|s| s.id).next().expect("segment");
+    let deadline_ms = crate::ops::segments::drain_deadline_ms(t0.wall_ms, u64::MAX);
+    assert_eq!(deadline_ms, u64::MAX);
+    core.apply(
+        &Command::DrainSegment {
+            segment: seg,
+            deadline_ms,
+        },
+        t0,
+    );
+    let later = at(t0.mono_ms + 3_600_000, t0.wall_ms + 3_600_000);
+    heartbeat_and_tick(&mut core, later);
+    assert!(
+        core.sm().segment(&seg).is_some(),
+        "a drain with a huge timeout unmounted a segment that still holds an object"
+    );
+    assert!(core.sm().contains("k"));
+}
+
+// ---------------------------------------------------------------- finding 11
+
+fn heartbeat(core: &mut Core, seg: SegmentId, now: Now) {
+    let (l, sm) = core.leader_parts().expect("leader");
+    l.heartbeat(
+        sm,
+        &Heartbeat {
+            segment: seg,
+            ..Default::default()
+        },
+        now,
+    );
+}
+
+#[test]
+fn finding_11_fresh_leader_before_heartbeats_answers_retryable_not_no_space() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    // Mounted under an earlier leader; this node now leads a new term: no heartbeat yet.
+    core.apply(&mount("a", t0), t0);
+    core.apply(&mount("b", t0), t0);
+    core.become_leader(2, t0);
+    let segs: Vec<SegmentId> = core.sm().segments().map(|s| s.id).collect();
+
+    let (l, sm) = core.leader_parts().expect("leader");
+    let err = l.reserve(sm, &put("k", 0), t0).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::SegmentsNotReady {
+                waiting: 2,
+                term: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        crate::grpc::convert::code_of(&err),
+        regolith_proto::metad::Code::NotReady,
+        "a retryable code, not NO_SPACE / NOT_ENOUGH_NODES"
+    );
+    assert!(err.to_string().contains("\"k\""), "{err}");
+
+    // One segment heartbeats: the put is placed there.
+    heartbeat(&mut core, segs[0], t0);
+    let (l, sm) = core.leader_parts().expect("leader");
+    let r = l
+        .reserve(sm, &put("k", 0), t0)
+        .expect("placed once a heartbeat arrived");
+    assert_eq!(r.replicas.len(), 1);
+    assert_eq!(r.replicas[0].segment, segs[0]);
+
+    // The ready segment is full, the other still has not heartbeated: retryable again, not a
+    // definite NO_SPACE.
+    let big = PutRequest {
+        size: CAP,
+        ..put("big", 0)
+    };
+    let err = l.reserve(sm, &big, t0).unwrap_err();
+    assert!(
+        matches!(err, Error::SegmentsNotReady { waiting: 1, .. }),
+        "{err:?}"
+    );
+    heartbeat(&mut core, segs[1], t0);
+    let (l, sm) = core.leader_parts().expect("leader");
+    let r = l
+        .reserve(sm, &big, t0)
+        .expect("placed on the second segment");
+    assert_eq!(r.replicas[0].segment, segs[1]);
+
+    // Every segment ready and full: the definite NO_SPACE as before.
+    let err = l.reserve(sm, &big_again(), t0).unwrap_err();
+    assert!(matches!(err, Error::NoSpace { .. }), "{err:?}");
+}
+
+fn big_again() -> PutRequest {
+    PutRequest {
+        size: CAP,
+        ..put("big2", 0)
+    }
+}
+
+#[test]
+fn finding_11_no_segments_at_all_is_still_not_enough_nodes() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    let seg = core.sm().segments().map(|s| s.id).next().expect("segment");
+    core.apply(
+        &Command::DrainSegment {
+            segment: seg,
+            deadline_ms: u64::MAX,
+        },
+        t0,
+    );
+    // The only segment drains (a definite refusal), whether or not it has heartbeated.
+    let (l, sm) = core.leader_parts().expect("leader");
+    let err = l.reserve(sm, &put("k", 0), t0).unwrap_err();
+    assert!(matches!(err, Error::NoSegments { .. }), "{err:?}");
+}
