@@ -29,6 +29,7 @@ pub struct Metrics {
     pub rpc_requests: IntCounterVec,
     pub rpc_failures: IntCounterVec,
     pub read_fallbacks: IntCounterVec,
+    pub raft_rejected: IntCounterVec,
     pub fsyncs: IntGauge,
     pub appended_entries: IntGauge,
     pub snapshots_built: IntGauge,
@@ -142,6 +143,11 @@ impl Metrics {
                 "read_fallbacks_total",
                 "Reads that could not use the quorum lease, by what they did instead",
                 &["kind"],
+            ),
+            raft_rejected: counter_vec(
+                "raft_rejected_messages_total",
+                "Raft messages refused before openraft saw them, by RPC and reason",
+                &["rpc", "reason"],
             ),
             fsyncs: gauge(&r, "storage_fsyncs", "fsyncs of the Raft log"),
             appended_entries: gauge(

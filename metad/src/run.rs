@@ -94,9 +94,10 @@ impl Replica {
         })
         .max_decoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES);
-        let raft = RaftServer::new(RaftService {
-            raft: node.ops.raft.clone(),
-        })
+        let raft = RaftServer::new(RaftService::new(
+            node.ops.raft.clone(),
+            node.ops.metrics.clone(),
+        ))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
         // The token is checked before a request body is read.

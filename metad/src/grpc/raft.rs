@@ -1,14 +1,47 @@
 //! The `Raft` gRPC service: hands peers' messages to the local openraft instance.
+//!
+//! Every message is checked before openraft sees it (issue 14, finding 1):
+//! * **Terms and log positions are sane.** openraft computes `term + 1` when it campaigns and
+//!   unwraps the result of adopting that vote: one `Vote` with term 2^64-1, once persisted,
+//!   panics the replica at its next election timeout and on every restart. So a message whose
+//!   vote term is above the local term plus [`TERM_LEAP`] (a real candidate's term grows by one
+//!   per election) or above [`CEILING`], a log id above [`CEILING`], or a log id whose term is
+//!   above the message's own vote term (no real leader or candidate holds one) is refused with
+//!   `INVALID_ARGUMENT`.
+//!
+//! This is a check on what a token holder claims, not authentication: every sidecar and CLI
+//! user holds the cluster token. A Raft credential distinct from the client token (or mTLS
+//! naming the member), as the design asks, is the remaining step and out of scope here.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use openraft::Vote;
 use regolith_proto::raft::raft_server::Raft as RaftRpc;
 use regolith_proto::raft::RaftMessage;
 use tonic::{Request, Response, Status};
 
+use crate::metrics::Metrics;
 use crate::network::{decode, encode};
-use crate::raft_types::Raft;
+use crate::raft_types::{LogId, NodeId, Raft, TypeConfig};
+
+/// How far above the local term a peer's term may be: a real candidate's term grows by one per
+/// election, so a replica that missed a million elections is out of reach anyway.
+pub const TERM_LEAP: u64 = 1 << 20;
+
+/// No term or log index above this is sane (2^62: no cluster gets there by elections or
+/// appends), whatever the local term.
+pub const CEILING: u64 = 1 << 62;
 
 pub struct RaftService {
     pub raft: Raft,
+    pub metrics: Arc<Metrics>,
+    /// Rate limit of the refusal warnings: the second of the last one, and how many were
+    /// left out since.
+    last_warn_s: AtomicU64,
+    suppressed: AtomicU64,
 }
 
 fn reply<T: serde::Serialize>(v: &T) -> Result<Response<RaftMessage>, Status> {
@@ -17,18 +50,154 @@ fn reply<T: serde::Serialize>(v: &T) -> Result<Response<RaftMessage>, Status> {
         .map_err(|e| Status::internal(e.to_string()))
 }
 
+/// Why a message was refused: the metric's `reason` label and the gRPC status.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refusal {
+    TermOutOfRange(String),
+    LogIdOutOfRange(String),
+}
+
+impl Refusal {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::TermOutOfRange(_) => "term_out_of_range",
+            Refusal::LogIdOutOfRange(_) => "log_id_out_of_range",
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            Refusal::TermOutOfRange(m) | Refusal::LogIdOutOfRange(m) => m,
+        }
+    }
+
+    fn status(&self) -> Status {
+        Status::invalid_argument(self.message().to_string())
+    }
+}
+
+/// What a replica knows of itself when it checks a message: its id, its term (the larger of
+/// `current_term` and its vote's term).
+pub struct Local {
+    pub id: NodeId,
+    pub term: u64,
+}
+
+impl Local {
+    pub fn of(raft: &Raft) -> Self {
+        let m = raft.metrics();
+        let m = m.borrow();
+        Local {
+            id: m.id,
+            term: m.current_term.max(m.vote.leader_id().term),
+        }
+    }
+}
+
+/// Checks a message's vote and the log ids it carries (see the module doc).
+pub fn check(
+    local: &Local,
+    rpc: &str,
+    vote: &Vote<NodeId>,
+    log_ids: impl IntoIterator<Item = Option<LogId>>,
+) -> Result<(), Refusal> {
+    let term = vote.leader_id().term;
+    let sender = vote.leader_id().voted_for();
+    let who = match sender {
+        Some(s) => format!("node {s}"),
+        None => "a sender naming no node".to_string(),
+    };
+    let me = local.id;
+    let bound = local.term.saturating_add(TERM_LEAP).min(CEILING);
+    if term > bound {
+        return Err(Refusal::TermOutOfRange(format!(
+            "metad {me}: {rpc} from {who} refused: term {term} is beyond this replica's term {} \
+             by more than {TERM_LEAP} (or above {CEILING})",
+            local.term
+        )));
+    }
+    for l in log_ids.into_iter().flatten() {
+        let (lt, li) = (l.leader_id.term, l.index);
+        if lt > term || li > CEILING {
+            return Err(Refusal::LogIdOutOfRange(format!(
+                "metad {me}: {rpc} from {who} refused: log id {lt}-{li} is above the message's \
+                 term {term} (or its index above {CEILING})"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl RaftService {
+    pub fn new(raft: Raft, metrics: Arc<Metrics>) -> Self {
+        Self {
+            raft,
+            metrics,
+            last_warn_s: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    fn admit(
+        &self,
+        rpc: &'static str,
+        vote: &Vote<NodeId>,
+        log_ids: impl IntoIterator<Item = Option<LogId>>,
+    ) -> Result<(), Status> {
+        let local = Local::of(&self.raft);
+        let Err(refusal) = check(&local, rpc, vote, log_ids) else {
+            return Ok(());
+        };
+        self.metrics
+            .raft_rejected
+            .with_label_values(&[rpc, refusal.reason()])
+            .inc();
+        // At most one warning a second; the others are counted in the next one.
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let last = self.last_warn_s.load(Ordering::Relaxed);
+        if now != last
+            && self
+                .last_warn_s
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                rpc,
+                reason = refusal.reason(),
+                suppressed,
+                "{}",
+                refusal.message()
+            );
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(refusal.status())
+    }
+}
+
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
     async fn append_entries(
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        let rpc = decode(&req.into_inner().payload).map_err(Status::invalid_argument)?;
+        let rpc: AppendEntriesRequest<TypeConfig> =
+            decode(&req.into_inner().payload).map_err(Status::invalid_argument)?;
+        let ids = [rpc.prev_log_id, rpc.leader_commit]
+            .into_iter()
+            .chain(rpc.entries.iter().map(|e| Some(e.log_id)));
+        self.admit("append_entries", &rpc.vote, ids)?;
         reply(&self.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        let rpc = decode(&req.into_inner().payload).map_err(Status::invalid_argument)?;
+        let rpc: VoteRequest<NodeId> =
+            decode(&req.into_inner().payload).map_err(Status::invalid_argument)?;
+        self.admit("vote", &rpc.vote, [rpc.last_log_id])?;
         reply(&self.raft.vote(rpc).await)
     }
 
@@ -36,7 +205,59 @@ impl RaftRpc for RaftService {
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        let rpc = decode(&req.into_inner().payload).map_err(Status::invalid_argument)?;
+        let rpc: InstallSnapshotRequest<TypeConfig> =
+            decode(&req.into_inner().payload).map_err(Status::invalid_argument)?;
+        self.admit(
+            "install_snapshot",
+            &rpc.vote,
+            [rpc.meta.last_log_id, *rpc.meta.last_membership.log_id()],
+        )?;
         reply(&self.raft.install_snapshot(rpc).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::CommittedLeaderId;
+
+    fn lid(term: u64, index: u64) -> Option<LogId> {
+        Some(LogId::new(CommittedLeaderId::new(term, 1), index))
+    }
+
+    #[test]
+    fn terms_beyond_the_leap_or_the_ceiling_and_log_ids_above_the_term_are_refused() {
+        let local = Local { id: 1, term: 7 };
+        let ok =
+            |term: u64, ids: Vec<Option<LogId>>| check(&local, "vote", &Vote::new(term, 2), ids);
+        assert_eq!(ok(0, vec![None]), Ok(()));
+        assert_eq!(ok(8, vec![lid(7, 100)]), Ok(()));
+        assert_eq!(ok(7 + TERM_LEAP, vec![lid(7 + TERM_LEAP, 1)]), Ok(()));
+        let e = ok(8 + TERM_LEAP, vec![]).unwrap_err();
+        assert_eq!(e.reason(), "term_out_of_range");
+        assert!(e.message().contains(&(8 + TERM_LEAP).to_string()), "{e:?}");
+        assert!(
+            e.message().contains("node 2") && e.message().contains("metad 1"),
+            "{e:?}"
+        );
+        assert_eq!(
+            ok(u64::MAX, vec![]).unwrap_err().reason(),
+            "term_out_of_range"
+        );
+        assert_eq!(
+            ok(8, vec![lid(9, 1)]).unwrap_err().reason(),
+            "log_id_out_of_range"
+        );
+        assert_eq!(
+            ok(8, vec![lid(8, u64::MAX)]).unwrap_err().reason(),
+            "log_id_out_of_range"
+        );
+        // A local term near the top does not lift the ceiling.
+        let high = Local {
+            id: 1,
+            term: u64::MAX - 1,
+        };
+        let e = check(&high, "vote", &Vote::new(u64::MAX, 2), [None]).unwrap_err();
+        assert_eq!(e.reason(), "term_out_of_range");
     }
 }

@@ -1,0 +1,303 @@
+//! Regression tests of issue 14 (hostile peers and clients), one per finding, with real
+//! `regolith-metad` processes on loopback. After each attack the cluster must still have a
+//! leader, serve a put (reserve + commit) and a get, and no replica may have died.
+
+// openraft's reply types are what they are; the tests only decode them.
+#![allow(clippy::result_large_err)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use openraft::error::{InstallSnapshotError, RaftError};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{CommittedLeaderId, LogId, SnapshotMeta, StoredMembership, Vote};
+use regolith_metad::network::{decode, encode};
+use regolith_metad::raft_types::TypeConfig;
+use regolith_proto::auth::TokenInterceptor;
+use regolith_proto::metad as pb;
+use regolith_proto::raft::raft_client::RaftClient;
+use regolith_proto::raft::RaftMessage;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// What a replica's Raft service answered: a gRPC refusal, or openraft's own reply.
+type Answer<T, E = openraft::error::Infallible> =
+    Result<Result<T, RaftError<u64, E>>, tonic::Status>;
+
+enum Msg {
+    Vote(VoteRequest<u64>),
+    Append(AppendEntriesRequest<TypeConfig>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+/// Sends one Raft message to replica `to` as any token holder can, bypassing openraft.
+async fn send_raw(c: &Cluster, to: u64, msg: &Msg) -> Result<Vec<u8>, tonic::Status> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", c.replicas[&to].grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let token = c.token();
+    let mut client = RaftClient::with_interceptor(ch, TokenInterceptor::new(Some(&token)).unwrap());
+    let r = match msg {
+        Msg::Vote(v) => {
+            client
+                .vote(RaftMessage {
+                    payload: encode(v).unwrap(),
+                })
+                .await
+        }
+        Msg::Append(a) => {
+            client
+                .append_entries(RaftMessage {
+                    payload: encode(a).unwrap(),
+                })
+                .await
+        }
+        Msg::Snapshot(s) => {
+            client
+                .install_snapshot(RaftMessage {
+                    payload: encode(s).unwrap(),
+                })
+                .await
+        }
+    };
+    r.map(|r| r.into_inner().payload)
+}
+
+async fn vote(c: &Cluster, to: u64, req: VoteRequest<u64>) -> Answer<VoteResponse<u64>> {
+    send_raw(c, to, &Msg::Vote(req))
+        .await
+        .map(|p| decode(&p).unwrap())
+}
+
+async fn append(
+    c: &Cluster,
+    to: u64,
+    req: AppendEntriesRequest<TypeConfig>,
+) -> Answer<AppendEntriesResponse<u64>> {
+    send_raw(c, to, &Msg::Append(req))
+        .await
+        .map(|p| decode(&p).unwrap())
+}
+
+async fn snapshot(
+    c: &Cluster,
+    to: u64,
+    req: InstallSnapshotRequest<TypeConfig>,
+) -> Answer<InstallSnapshotResponse<u64>, InstallSnapshotError> {
+    send_raw(c, to, &Msg::Snapshot(req))
+        .await
+        .map(|p| decode(&p).unwrap())
+}
+
+fn log_id(term: u64, node: u64, index: u64) -> LogId<u64> {
+    LogId::new(CommittedLeaderId::new(term, node), index)
+}
+
+fn snapshot_req(vote: Vote<u64>, last: Option<LogId<u64>>) -> InstallSnapshotRequest<TypeConfig> {
+    InstallSnapshotRequest {
+        vote,
+        meta: SnapshotMeta {
+            last_log_id: last,
+            last_membership: StoredMembership::default(),
+            snapshot_id: "hostile".into(),
+        },
+        offset: 0,
+        data: vec![],
+        done: false,
+    }
+}
+
+/// Every replica alive (process up, no panic in its log, its openraft core answers), a ready
+/// leader, and a put (reserve + commit) and a get served. `seg` is a mounted segment.
+fn assert_serves(c: &mut Cluster, rt: &tokio::runtime::Runtime, seg: (u64, u64), what: &str) {
+    let ids: Vec<u64> = c.replicas.keys().copied().collect();
+    for id in &ids {
+        let r = c.replicas.get_mut(id).unwrap();
+        if let Some(child) = r.child.as_mut() {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "{what}: metad {id} exited"
+            );
+        }
+    }
+    let leader = c.wait_leader(Duration::from_secs(20));
+    rt.block_on(async {
+        for id in &ids {
+            if c.replicas[id].child.is_none() {
+                continue;
+            }
+            // A vote far below every term: refused by openraft, harmless; a panicked core
+            // answers Fatal instead.
+            let probe = VoteRequest::new(Vote::new(0, *id), None);
+            match vote(c, *id, probe).await {
+                Ok(Ok(_)) => {}
+                other => {
+                    c.dump_logs();
+                    panic!("{what}: metad {id}'s Raft core does not answer: {other:?}");
+                }
+            }
+        }
+        for id in &ids {
+            let log = std::fs::read_to_string(&c.replicas[id].log).unwrap_or_default();
+            if log.contains("panicked") {
+                c.dump_logs();
+                panic!("{what}: metad {id} panicked");
+            }
+        }
+        let client = c.client();
+        heartbeat(&client, seg.0, seg.1, vec![]).await;
+        let key = format!("after-{what}-{leader}").replace(' ', "-");
+        if let Err(e) = put(&client, &key, 4096, 1).await {
+            c.dump_logs();
+            panic!("{what}: put failed: {e}");
+        }
+        let g = client.get(&key, seg.0).await.unwrap();
+        assert_eq!(
+            g.status.unwrap_or_default().code,
+            pb::Code::Ok as i32,
+            "{what}: get {key}"
+        );
+    });
+}
+
+fn refused(status: &tonic::Status, code: tonic::Code, needles: &[&str], what: &str) {
+    assert_eq!(status.code(), code, "{what}: {status:?}");
+    for n in needles {
+        assert!(
+            status.message().contains(n),
+            "{what}: refusal does not name {n:?}: {}",
+            status.message()
+        );
+    }
+}
+
+/// Finding 1: one `Vote` with term 2^64-1 made openraft wrap `term + 1` at the next election
+/// timeout and panic on an `unwrap`; the vote was persisted, so the replica panicked again on
+/// every restart, and the leader, learning the higher vote, panicked too.
+#[test]
+fn finding_1_raft_terms_near_u64_max_are_refused_and_break_nothing() {
+    let mut c = Cluster::start(3);
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let rt = runtime();
+    let seg = rt.block_on(mount(&c.client(), "node-a", 64 << 20));
+    assert_serves(&mut c, &rt, seg, "start");
+    let ids: Vec<u64> = c.replicas.keys().copied().collect();
+    let follower = *ids.iter().find(|id| **id != leader).unwrap();
+    // The sender is a real member: only the term is wrong.
+    let other = *ids
+        .iter()
+        .find(|id| **id != leader && **id != follower)
+        .unwrap();
+    let max = u64::MAX;
+    let (v, a, s, v_leader) = rt.block_on(async {
+        // The exact message of the finding: a vote at term 2^64-1 with an invented log position.
+        let hostile = VoteRequest::new(Vote::new(max, other), Some(log_id(max, other, max)));
+        let v = vote(&c, follower, hostile).await;
+        let a = append(
+            &c,
+            follower,
+            AppendEntriesRequest {
+                vote: Vote::new_committed(max - 1, leader),
+                prev_log_id: None,
+                entries: vec![],
+                leader_commit: None,
+            },
+        )
+        .await;
+        let s = snapshot(
+            &c,
+            follower,
+            snapshot_req(Vote::new_committed(max - 2, leader), None),
+        )
+        .await;
+        // Past the ceiling by a smaller margin, to the leader.
+        let v_leader = vote(
+            &c,
+            leader,
+            VoteRequest::new(
+                Vote::new(1 << 40, other),
+                Some(log_id(1 << 40, other, 1 << 40)),
+            ),
+        )
+        .await;
+        (v, a, s, v_leader)
+    });
+    // Beyond an election timeout: a replica that took the vote would have campaigned by now.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_serves(&mut c, &rt, seg, "hostile terms");
+    // Another election: a replica that took a term near 2^64 would wrap `term + 1` now.
+    c.kill(leader);
+    assert_serves(&mut c, &rt, seg, "election after killing the leader");
+    c.spawn(leader, None, false);
+    let v = v.expect_err("vote at term 2^64-1 reached openraft");
+    refused(
+        &v,
+        tonic::Code::InvalidArgument,
+        &[
+            &max.to_string(),
+            &format!("node {other}"),
+            &format!("metad {follower}"),
+        ],
+        "vote",
+    );
+    let a = a.expect_err("append at term 2^64-2 reached openraft");
+    refused(
+        &a,
+        tonic::Code::InvalidArgument,
+        &[&(max - 1).to_string(), &format!("node {leader}")],
+        "append_entries",
+    );
+    let s = s.expect_err("install_snapshot at term 2^64-3 reached openraft");
+    refused(
+        &s,
+        tonic::Code::InvalidArgument,
+        &[&(max - 2).to_string(), &format!("node {leader}")],
+        "install_snapshot",
+    );
+    let vl = v_leader.expect_err("vote at term 2^40 reached openraft");
+    refused(
+        &vl,
+        tonic::Code::InvalidArgument,
+        &[&(1u64 << 40).to_string(), &format!("node {other}")],
+        "vote to the leader",
+    );
+    // A log id above the message's own term is refused too.
+    let now_leader = c.wait_leader(Duration::from_secs(20));
+    let term = c.status(now_leader).unwrap()["term"].as_u64().unwrap();
+    let e = rt
+        .block_on(vote(
+            &c,
+            follower,
+            VoteRequest::new(Vote::new(term, other), Some(log_id(term + 5, other, 1))),
+        ))
+        .expect_err("log id above the vote's term reached openraft");
+    refused(&e, tonic::Code::InvalidArgument, &["log id"], "log id");
+    // Counted.
+    let (_, metrics) = http_get(&c.replicas[&follower].http, "/metrics").unwrap();
+    assert!(
+        metrics.contains(
+            "regolith_metad_raft_rejected_messages_total{reason=\"term_out_of_range\",rpc=\"vote\"}"
+        ),
+        "{metrics}"
+    );
+    // The attacked replica restarts cleanly: nothing hostile was persisted.
+    c.kill(follower);
+    c.spawn(follower, None, false);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_serves(&mut c, &rt, seg, "restart of the attacked replica");
+    let s = c.status(follower).unwrap();
+    assert!(s["term"].as_u64().unwrap() < 1 << 20, "{s}");
+}
