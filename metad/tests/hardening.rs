@@ -301,3 +301,88 @@ fn finding_1_raft_terms_near_u64_max_are_refused_and_break_nothing() {
     let s = c.status(follower).unwrap();
     assert!(s["term"].as_u64().unwrap() < 1 << 20, "{s}");
 }
+
+/// Finding 2: any token holder could act as a Raft peer: a `Vote` from a node id that is not a
+/// member, with a higher term and an invented log position, was granted and the leader stepped
+/// down. Appends and snapshots from a non-member are refused the same way.
+#[test]
+fn finding_2_raft_messages_from_a_non_member_are_refused() {
+    let mut c = Cluster::start(3);
+    c.wait_leader(Duration::from_secs(15));
+    let rt = runtime();
+    let seg = rt.block_on(mount(&c.client(), "node-a", 64 << 20));
+    assert_serves(&mut c, &rt, seg, "start");
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let s = c.status(leader).unwrap();
+    let term = s["term"].as_u64().unwrap();
+    let last = s["last_log_index"].as_u64().unwrap_or(0);
+    let follower = *c.replicas.keys().find(|id| **id != leader).unwrap();
+    let stranger = 99;
+    let (v, a, sn) = rt.block_on(async {
+        // The finding's message: a higher term and a log ahead of everyone's, to the leader.
+        let v = vote(
+            &c,
+            leader,
+            VoteRequest::new(
+                Vote::new(term + 1, stranger),
+                Some(log_id(term + 1, stranger, last + 1000)),
+            ),
+        )
+        .await;
+        // Posing as a leader of a higher term to a follower.
+        let a = append(
+            &c,
+            follower,
+            AppendEntriesRequest {
+                vote: Vote::new_committed(term + 1, stranger),
+                prev_log_id: None,
+                entries: vec![],
+                leader_commit: None,
+            },
+        )
+        .await;
+        let sn = snapshot(
+            &c,
+            follower,
+            snapshot_req(Vote::new_committed(term + 1, stranger), None),
+        )
+        .await;
+        (v, a, sn)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_serves(&mut c, &rt, seg, "non-member messages");
+    let needles = [
+        format!("node {stranger}"),
+        "not in this replica's membership".to_string(),
+    ];
+    let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
+    match v {
+        Err(e) => refused(&e, tonic::Code::PermissionDenied, &needles, "vote"),
+        Ok(r) => panic!("a vote from non-member {stranger} reached openraft: {r:?}"),
+    }
+    match a {
+        Err(e) => refused(
+            &e,
+            tonic::Code::PermissionDenied,
+            &needles,
+            "append_entries",
+        ),
+        Ok(r) => panic!("an append from non-member {stranger} reached openraft: {r:?}"),
+    }
+    match sn {
+        Err(e) => refused(
+            &e,
+            tonic::Code::PermissionDenied,
+            &needles,
+            "install_snapshot",
+        ),
+        Ok(r) => panic!("a snapshot from non-member {stranger} reached openraft: {r:?}"),
+    }
+    let (_, metrics) = http_get(&c.replicas[&leader].http, "/metrics").unwrap();
+    assert!(
+        metrics.contains(
+            "regolith_metad_raft_rejected_messages_total{reason=\"not_a_member\",rpc=\"vote\"}"
+        ),
+        "{metrics}"
+    );
+}

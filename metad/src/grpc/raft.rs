@@ -1,6 +1,6 @@
 //! The `Raft` gRPC service: hands peers' messages to the local openraft instance.
 //!
-//! Every message is checked before openraft sees it (issue 14, finding 1):
+//! Every message is checked before openraft sees it (issue 14, findings 1 and 2):
 //! * **Terms and log positions are sane.** openraft computes `term + 1` when it campaigns and
 //!   unwraps the result of adopting that vote: one `Vote` with term 2^64-1, once persisted,
 //!   panics the replica at its next election timeout and on every restart. So a message whose
@@ -8,10 +8,17 @@
 //!   per election) or above [`CEILING`], a log id above [`CEILING`], or a log id whose term is
 //!   above the message's own vote term (no real leader or candidate holds one) is refused with
 //!   `INVALID_ARGUMENT`.
+//! * **The sender is a member.** The sender (the vote's `voted_for`) must appear in this
+//!   replica's effective membership, in any of its joint configs or among its nodes (voters and
+//!   learners); otherwise `PERMISSION_DENIED`. A replica whose membership is still empty (a
+//!   fresh member waiting to be added, or before bootstrap completes) accepts any sender, or it
+//!   could never join; a member being added is already in the leader's membership, and the
+//!   leader in its.
 //!
-//! This is a check on what a token holder claims, not authentication: every sidecar and CLI
-//! user holds the cluster token. A Raft credential distinct from the client token (or mTLS
-//! naming the member), as the design asks, is the remaining step and out of scope here.
+//! Both are checks on what a token holder claims, not authentication: every sidecar and CLI
+//! user holds the cluster token, so one can still pose as a member id. A Raft credential
+//! distinct from the client token (or mTLS naming the member), as the design asks, is the
+//! remaining step and out of scope here.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -55,6 +62,8 @@ fn reply<T: serde::Serialize>(v: &T) -> Result<Response<RaftMessage>, Status> {
 pub enum Refusal {
     TermOutOfRange(String),
     LogIdOutOfRange(String),
+    NoSender(String),
+    NotAMember(String),
 }
 
 impl Refusal {
@@ -62,34 +71,53 @@ impl Refusal {
         match self {
             Refusal::TermOutOfRange(_) => "term_out_of_range",
             Refusal::LogIdOutOfRange(_) => "log_id_out_of_range",
+            Refusal::NoSender(_) => "no_sender",
+            Refusal::NotAMember(_) => "not_a_member",
         }
     }
 
     pub fn message(&self) -> &str {
         match self {
-            Refusal::TermOutOfRange(m) | Refusal::LogIdOutOfRange(m) => m,
+            Refusal::TermOutOfRange(m)
+            | Refusal::LogIdOutOfRange(m)
+            | Refusal::NoSender(m)
+            | Refusal::NotAMember(m) => m,
         }
     }
 
     fn status(&self) -> Status {
-        Status::invalid_argument(self.message().to_string())
+        match self {
+            Refusal::NotAMember(m) | Refusal::NoSender(m) => Status::permission_denied(m.clone()),
+            Refusal::TermOutOfRange(m) | Refusal::LogIdOutOfRange(m) => {
+                Status::invalid_argument(m.clone())
+            }
+        }
     }
 }
 
 /// What a replica knows of itself when it checks a message: its id, its term (the larger of
-/// `current_term` and its vote's term).
+/// `current_term` and its vote's term), and its membership: every id in its nodes and joint
+/// configs, `None` while it has none.
 pub struct Local {
     pub id: NodeId,
     pub term: u64,
+    pub members: Option<std::collections::BTreeSet<NodeId>>,
 }
 
 impl Local {
     pub fn of(raft: &Raft) -> Self {
         let m = raft.metrics();
         let m = m.borrow();
+        let membership = m.membership_config.membership();
+        let mut members: std::collections::BTreeSet<NodeId> =
+            membership.nodes().map(|(id, _)| *id).collect();
+        for c in membership.get_joint_config() {
+            members.extend(c.iter().copied());
+        }
         Local {
             id: m.id,
             term: m.current_term.max(m.vote.leader_id().term),
+            members: (!members.is_empty()).then_some(members),
         }
     }
 }
@@ -124,6 +152,20 @@ pub fn check(
                  term {term} (or its index above {CEILING})"
             )));
         }
+    }
+    let Some(members) = &local.members else {
+        return Ok(()); // not yet a member of anything: whoever adds us speaks first
+    };
+    let Some(sender) = sender else {
+        return Err(Refusal::NoSender(format!(
+            "metad {me}: {rpc} at term {term} refused: the vote names no sender"
+        )));
+    };
+    if !members.contains(&sender) {
+        return Err(Refusal::NotAMember(format!(
+            "metad {me}: {rpc} at term {term} from node {sender} refused: node {sender} is not \
+             in this replica's membership {members:?}"
+        )));
     }
     Ok(())
 }
@@ -227,7 +269,11 @@ mod tests {
 
     #[test]
     fn terms_beyond_the_leap_or_the_ceiling_and_log_ids_above_the_term_are_refused() {
-        let local = Local { id: 1, term: 7 };
+        let local = Local {
+            id: 1,
+            term: 7,
+            members: None,
+        };
         let ok =
             |term: u64, ids: Vec<Option<LogId>>| check(&local, "vote", &Vote::new(term, 2), ids);
         assert_eq!(ok(0, vec![None]), Ok(()));
@@ -256,8 +302,40 @@ mod tests {
         let high = Local {
             id: 1,
             term: u64::MAX - 1,
+            members: None,
         };
         let e = check(&high, "vote", &Vote::new(u64::MAX, 2), [None]).unwrap_err();
+        assert_eq!(e.reason(), "term_out_of_range");
+    }
+
+    #[test]
+    fn senders_outside_a_known_membership_are_refused_and_an_empty_one_accepts_all() {
+        let members = Local {
+            id: 1,
+            term: 3,
+            members: Some([1, 2, 3, 4].into_iter().collect()),
+        };
+        assert_eq!(check(&members, "vote", &Vote::new(4, 2), [None]), Ok(()));
+        assert_eq!(check(&members, "vote", &Vote::new(4, 4), [None]), Ok(()));
+        let e = check(&members, "vote", &Vote::new(4, 99), [None]).unwrap_err();
+        assert_eq!(e.reason(), "not_a_member");
+        assert!(
+            e.message().contains("node 99") && e.message().contains("metad 1"),
+            "{e:?}"
+        );
+        let e = check(&members, "append_entries", &Vote::default(), [None]).unwrap_err();
+        assert_eq!(e.reason(), "no_sender");
+        let fresh = Local {
+            id: 5,
+            term: 0,
+            members: None,
+        };
+        assert_eq!(
+            check(&fresh, "append_entries", &Vote::new_committed(3, 1), [None]),
+            Ok(())
+        );
+        // The term check still applies to a fresh replica.
+        let e = check(&fresh, "vote", &Vote::new(u64::MAX, 99), [None]).unwrap_err();
         assert_eq!(e.reason(), "term_out_of_range");
     }
 }
