@@ -228,8 +228,8 @@ fn finding_1_raft_terms_near_u64_max_are_refused_and_break_nothing() {
             &c,
             leader,
             VoteRequest::new(
-                Vote::new(1 << 40, other),
-                Some(log_id(1 << 40, other, 1 << 40)),
+                Vote::new(1 << 50, other),
+                Some(log_id(1 << 50, other, 1 << 50)),
             ),
         )
         .await;
@@ -267,11 +267,11 @@ fn finding_1_raft_terms_near_u64_max_are_refused_and_break_nothing() {
         &[&(max - 2).to_string(), &format!("node {leader}")],
         "install_snapshot",
     );
-    let vl = v_leader.expect_err("vote at term 2^40 reached openraft");
+    let vl = v_leader.expect_err("vote at term 2^50 reached openraft");
     refused(
         &vl,
         tonic::Code::InvalidArgument,
-        &[&(1u64 << 40).to_string(), &format!("node {other}")],
+        &[&(1u64 << 50).to_string(), &format!("node {other}")],
         "vote to the leader",
     );
     // A log id above the message's own term is refused too.

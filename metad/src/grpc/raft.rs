@@ -35,8 +35,11 @@ use crate::network::{decode, encode};
 use crate::raft_types::{LogId, NodeId, Raft, TypeConfig};
 
 /// How far above the local term a peer's term may be: a real candidate's term grows by one per
-/// election, so a replica that missed a million elections is out of reach anyway.
-pub const TERM_LEAP: u64 = 1 << 20;
+/// election, so 2^40 elections (thousands of years of election timeouts) never come from a
+/// real peer, however long it was cut off; a tighter bound would lock out a member that
+/// campaigned alone through a long partition (its replies' higher vote would then keep
+/// deposing the leader).
+pub const TERM_LEAP: u64 = 1 << 40;
 
 /// No term or log index above this is sane (2^62: no cluster gets there by elections or
 /// appends), whatever the local term.
