@@ -113,6 +113,7 @@ fn garbage_on_the_socket_gets_errors_and_harms_no_one() {
             }),
             local_ok: false,
             report_mismatch: false,
+            mismatched_version: None,
         }],
     };
     req.extend(frame::encode_to_vec(Op::Get as u16, 4, &get.encode_to_vec()).unwrap());

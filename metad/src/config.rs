@@ -46,6 +46,9 @@ pub struct CacheConfig {
     pub max_replicas: u32,
     /// A replica may be split over this many extents when no single free range is large enough.
     pub max_extents_per_replica: usize,
+    /// Changes the watch feed keeps for watchers that reconnect (`Watch` resumes from them;
+    /// a watcher further behind gets a full snapshot).
+    pub watch_backlog_changes: usize,
 }
 
 impl Default for CacheConfig {
@@ -62,6 +65,7 @@ impl Default for CacheConfig {
             max_key_len: 4096,
             max_replicas: 8,
             max_extents_per_replica: 16,
+            watch_backlog_changes: 131_072,
         }
     }
 }

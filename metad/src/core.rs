@@ -2,16 +2,18 @@
 //! one lock at the edge. Applies go through here so the leader's bookkeeping follows every
 //! change in the same critical section.
 
-use crate::command::{Command, Outcome};
+use crate::command::{Batch, BatchOutcome, Command, Outcome};
 use crate::config::{CacheConfig, Now};
+use crate::feed::{Change, Feed, FeedObject};
 use crate::leader::Leader;
-use crate::state::StateMachine;
+use crate::state::{Effect, StateMachine};
 
 #[derive(Debug)]
 pub struct Core {
     sm: StateMachine,
     leader: Option<Leader>,
     cfg: CacheConfig,
+    feed: Feed,
 }
 
 impl Core {
@@ -19,6 +21,7 @@ impl Core {
         Self {
             sm: StateMachine::new(),
             leader: None,
+            feed: Feed::new(cfg.watch_backlog_changes),
             cfg,
         }
     }
@@ -31,9 +34,29 @@ impl Core {
         &self.sm
     }
 
+    pub fn feed(&self) -> &Feed {
+        &self.feed
+    }
+
+    /// Applies the entry at log `index`, recording its changes in the watch feed.
+    pub fn apply_entry(&mut self, index: u64, batch: &Batch, now: Now) -> BatchOutcome {
+        let mut changes = Vec::new();
+        let outs = batch
+            .0
+            .iter()
+            .map(|c| self.apply_into(c, now, Some(&mut changes)))
+            .collect();
+        self.feed.record(index, changes);
+        BatchOutcome(outs)
+    }
+
     /// Applies one command; `now` is the applying node's clock, used only by the leader's
     /// bookkeeping (lease holds), never by the state machine.
     pub fn apply(&mut self, cmd: &Command, now: Now) -> Outcome {
+        self.apply_into(cmd, now, None)
+    }
+
+    fn apply_into(&mut self, cmd: &Command, now: Now, changes: Option<&mut Vec<Change>>) -> Outcome {
         let mut fx = Vec::new();
         let out = self.sm.apply(cmd, &mut fx);
         if let Some(l) = self.leader.as_mut() {
@@ -41,6 +64,14 @@ impl Core {
                 l.on_effect(&mut self.sm, e, now);
             }
             l.on_applied_command(cmd, &self.sm);
+        }
+        if let Some(changes) = changes {
+            if matches!(cmd, Command::RemoveAll) {
+                // One marker rather than a removal per key.
+                changes.push(Change::RemovedAll);
+            } else {
+                changes.extend(fx.iter().filter_map(|e| change_of(&self.sm, e)));
+            }
         }
         out
     }
@@ -50,6 +81,7 @@ impl Core {
     pub fn install(&mut self, sm: StateMachine) {
         self.sm = sm;
         self.leader = None;
+        self.feed.reset();
     }
 
     /// Starts leading `term` (idempotent for the same term).
@@ -79,5 +111,34 @@ impl Core {
     pub fn leader_parts(&mut self) -> Option<(&mut Leader, &mut StateMachine)> {
         let l = self.leader.as_mut()?;
         Some((l, &mut self.sm))
+    }
+}
+
+/// What a watcher learns of one effect (read right after the command that caused it).
+fn change_of(sm: &StateMachine, e: &Effect) -> Option<Change> {
+    match e {
+        Effect::Committed { key, .. } | Effect::Shrunk { key } => {
+            let o = sm.object(key)?;
+            Some(Change::Put {
+                key: key.clone(),
+                obj: FeedObject {
+                    size: o.size,
+                    checksum: o.checksum,
+                    version: o.version,
+                    replicas: o.replicas.to_vec(),
+                },
+            })
+        }
+        Effect::Removed { key } => Some(Change::Removed { key: key.clone() }),
+        Effect::Mounted { segment } => {
+            let s = sm.segment(segment)?;
+            Some(Change::SegmentUp {
+                segment: *segment,
+                node_name: s.name.clone(),
+                data_addrs: s.data_addrs.clone(),
+            })
+        }
+        Effect::Unmounted { segment } => Some(Change::SegmentDown { segment: *segment }),
+        Effect::CommitRejected { .. } | Effect::Freed { .. } => None,
     }
 }

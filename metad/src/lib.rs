@@ -9,6 +9,7 @@
 //! * [`leader`] — leader-only logic: shadow allocator, reservations, leases, placement,
 //!   eviction, liveness.
 //! * [`core`] — the state machine and the leader state under one lock.
+//! * [`feed`] — the change feed of applied entries that `Watch` streams to sidecars.
 //! * [`config`] — the cache knobs, the limits on one request, and the clock pair the core is
 //!   given.
 //! * [`error`] — the crate's error enum.
@@ -45,6 +46,7 @@ pub mod command;
 pub mod config;
 pub mod core;
 pub mod error;
+pub mod feed;
 pub mod gate;
 pub mod grpc;
 pub mod http;

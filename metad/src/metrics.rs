@@ -2,7 +2,8 @@
 //! state are refreshed when `/metrics` is scraped.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 pub struct Metrics {
@@ -34,6 +35,9 @@ pub struct Metrics {
     pub appended_entries: IntGauge,
     pub snapshots_built: IntGauge,
     pub snapshot_bytes: IntGauge,
+    pub watch_streams: IntGauge,
+    pub watch_resyncs: IntCounter,
+    pub accesses_reported: IntCounter,
 }
 
 // Metric names and options are constants of this file: a failure to build or register one is
@@ -43,6 +47,13 @@ fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(format!("regolith_metad_{name}"), help).expect("valid metric name");
     r.register(Box::new(g.clone())).expect("unique metric");
     g
+}
+
+#[allow(clippy::expect_used)] // constant names, as `gauge` says
+fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(format!("regolith_metad_{name}"), help).expect("valid metric name");
+    r.register(Box::new(c.clone())).expect("unique metric");
+    c
 }
 
 impl Metrics {
@@ -157,6 +168,17 @@ impl Metrics {
             ),
             snapshots_built: gauge(&r, "snapshots_built", "Snapshots built"),
             snapshot_bytes: gauge(&r, "snapshot_bytes", "Size of the last snapshot"),
+            watch_streams: gauge(&r, "watch_streams", "Watch streams this replica serves"),
+            watch_resyncs: counter(
+                &r,
+                "watch_resyncs_total",
+                "Full snapshots sent to watchers (new, or too far behind the feed)",
+            ),
+            accesses_reported: counter(
+                &r,
+                "accesses_reported_total",
+                "Object reads sidecars served from their index and reported with heartbeats",
+            ),
             registry: r,
         }
     }

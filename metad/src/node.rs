@@ -56,6 +56,7 @@ impl Node {
         let had_state = regolith_raft_log::has_state(&dir).map_err(storage_err)?;
         let clock = Clock::default();
         let core = Arc::new(Mutex::new(Core::new(settings.cache.clone())));
+        let (applied_tx, applied) = tokio::sync::watch::channel(0u64);
         let storage_cfg = StorageConfig {
             sled_cache_bytes: settings.sled_cache_bytes,
             max_read_bytes: settings.raft_max_message_bytes as u64 / 2,
@@ -67,6 +68,7 @@ impl Node {
             MetadSm {
                 core: core.clone(),
                 clock,
+                applied: applied_tx,
             },
         )
         .map_err(storage_err)?;
@@ -130,6 +132,7 @@ impl Node {
             gate,
             metrics,
             clock,
+            applied,
         });
         Ok(Arc::new(Node {
             settings,

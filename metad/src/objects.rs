@@ -99,6 +99,14 @@ impl Objects {
         self.shards.iter_mut().flat_map(|s| s.values_mut())
     }
 
+    /// The objects of one shard (`0..SHARDS`; a key never moves between shards).
+    pub fn shard(&self, shard: usize) -> impl Iterator<Item = (&str, &Object)> {
+        self.shards
+            .get(shard)
+            .into_iter()
+            .flat_map(|s| s.iter().map(|(k, v)| (&**k, v)))
+    }
+
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.shards.iter().flat_map(|s| s.keys().map(|k| &**k))
     }

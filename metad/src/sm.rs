@@ -14,15 +14,19 @@ use crate::state::StateMachine;
 pub struct MetadSm {
     pub core: Arc<Mutex<Core>>,
     pub clock: Clock,
+    /// The last index applied, for the `Watch` streams waiting on the feed.
+    pub applied: tokio::sync::watch::Sender<u64>,
 }
 
 impl regolith_raft_log::StateMachineCore for MetadSm {
     type C = TypeConfig;
 
-    fn apply(&mut self, _log_id: &openraft::LogId<u64>, data: &Batch) -> BatchOutcome {
+    fn apply(&mut self, log_id: &openraft::LogId<u64>, data: &Batch) -> BatchOutcome {
         let now = self.clock.now();
-        let mut core = self.core.lock();
-        BatchOutcome(data.0.iter().map(|c| core.apply(c, now)).collect())
+        let out = self.core.lock().apply_entry(log_id.index, data, now);
+        // Wakes the `Watch` streams; none listening is fine.
+        self.applied.send_replace(log_id.index);
+        out
     }
 
     fn empty_response(&self) -> BatchOutcome {
@@ -38,6 +42,8 @@ impl regolith_raft_log::StateMachineCore for MetadSm {
     fn install_snapshot(&mut self, r: &mut dyn std::io::Read) -> std::io::Result<()> {
         let sm = StateMachine::read_snapshot(r)?;
         self.core.lock().install(sm);
+        // Streams see the ring reset and resync.
+        self.applied.send_modify(|_| {});
         Ok(())
     }
 }

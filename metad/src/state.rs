@@ -54,6 +54,14 @@ pub enum Effect {
     Unmounted {
         segment: SegmentId,
     },
+    /// An object was unlinked (after its `Freed` effects).
+    Removed {
+        key: String,
+    },
+    /// An object lost a replica with its segment and keeps others.
+    Shrunk {
+        key: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,6 +154,11 @@ impl StateMachine {
 
     pub fn objects(&self) -> impl Iterator<Item = (&str, &Object)> {
         self.objects.iter()
+    }
+
+    /// The objects of one shard of the object table (see [`crate::objects`]).
+    pub fn objects_in_shard(&self, shard: usize) -> impl Iterator<Item = (&str, &Object)> {
+        self.objects.shard(shard)
     }
 
     /// Up to `n` objects from `from` on, in the (deterministic) iteration order, wrapping.
@@ -417,8 +430,15 @@ impl StateMachine {
         for (key, obj) in self.objects.iter_mut() {
             let before = obj.replicas.pieces().len();
             obj.replicas.retain_segments(|s| s != seg);
-            if obj.replicas.pieces().len() != before && obj.replicas.is_empty() {
+            if obj.replicas.pieces().len() == before {
+                continue;
+            }
+            if obj.replicas.is_empty() {
                 orphans.push(key.to_string());
+            } else {
+                fx.push(Effect::Shrunk {
+                    key: key.to_string(),
+                });
             }
         }
         // Recompute accounting for the objects that kept other replicas (their footprint shrank).
@@ -585,6 +605,9 @@ impl StateMachine {
                 extents: r.extents.clone(),
             });
         }
+        fx.push(Effect::Removed {
+            key: key.to_string(),
+        });
         Some(obj)
     }
 

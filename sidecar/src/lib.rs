@@ -12,6 +12,9 @@
 //!   fencing and release of quarantined ones.
 //! * [`ops`] — what local clients ask for, one file per family (puts, gets, keys), on domain
 //!   types, with metad behind [`ops::MetadApi`] and the replicas' I/O in [`ops::replica`].
+//! * [`index`] — the node's compact index of the cluster's objects (sans-I/O), with
+//!   read-your-writes overrides; [`watch`] — the task that keeps it current from metad's
+//!   `Watch` stream, its health, and the accesses reported to the leader.
 //! * [`node`] — the running sidecar: identity, mount, heartbeats, drain, unmount.
 //! * [`uds`] — the UDS server: socket, sessions, hello with memfds, and the translation of
 //!   requests and replies to and from [`ops`].
@@ -30,6 +33,7 @@
 pub mod args;
 pub mod error;
 pub mod http;
+pub mod index;
 pub mod mem;
 pub mod metrics;
 pub mod node;
@@ -40,5 +44,6 @@ pub mod state_file;
 pub mod tracker;
 pub mod transport;
 pub mod uds;
+pub mod watch;
 
 pub use error::{Error, Result};

@@ -33,6 +33,17 @@ pub struct Metrics {
     pub put_bytes: IntCounter,
     pub get_bytes: IntCounter,
     pub uds_bad_frames: IntCounter,
+    pub index_objects: IntGauge,
+    pub index_bytes: IntGauge,
+    pub index_applied_index: IntGauge,
+    pub index_lag_entries: IntGauge,
+    pub index_lag_ms: IntGauge,
+    pub index_synced: IntGauge,
+    pub index_resyncs: IntCounter,
+    pub index_reconnects: IntCounter,
+    pub index_answers: IntCounterVec,
+    pub index_stale_reads: IntCounterVec,
+    pub accesses_dropped: IntCounter,
 }
 
 // Metric names and help texts are constants of this file: a failure to build or register
@@ -158,6 +169,49 @@ impl Metrics {
             uds_bad_frames: c(
                 "uds_bad_requests_total",
                 "UDS requests refused as malformed or unknown",
+            ),
+            index_objects: g("index_objects", "Objects in this node's index"),
+            index_bytes: g(
+                "index_bytes",
+                "Heap bytes this node's index holds (capacity)",
+            ),
+            index_applied_index: g(
+                "index_applied_index",
+                "metad log index this node's index is complete up to",
+            ),
+            index_lag_entries: g(
+                "index_lag_entries",
+                "Log entries the index is behind the leader's last applied index",
+            ),
+            index_lag_ms: g(
+                "index_lag_ms",
+                "How long the index has been behind the leader (0 when caught up)",
+            ),
+            index_synced: g(
+                "index_synced",
+                "1 while the index is current and answers exists and gets; 0 falls back to metad",
+            ),
+            index_resyncs: c(
+                "index_resyncs_total",
+                "Full snapshots of the index received from metad",
+            ),
+            index_reconnects: c(
+                "index_reconnects_total",
+                "Watch streams (re)opened, resumed or resynced",
+            ),
+            index_answers: cv(
+                "index_answers_total",
+                "Keys answered from the index (source=index) or by metad (source=metad), by op",
+                &["op", "source"],
+            ),
+            index_stale_reads: cv(
+                "index_stale_reads_total",
+                "Indexed placements that did not verify (reused or gone) and were retried through metad",
+                &["where"],
+            ),
+            accesses_dropped: c(
+                "index_accesses_dropped_total",
+                "Index reads not reported to metad because a heartbeat's list was full",
             ),
             registry: r,
         })

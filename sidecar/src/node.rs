@@ -131,6 +131,7 @@ impl Sidecar {
                 .collect(),
             released: self.store.tracker.released(),
             used_bytes: self.segment_used.load(Ordering::Relaxed),
+            accessed: self.store.index.take_accesses(),
         };
         let reply = match self.hb_client.heartbeat(req).await {
             Ok((r, _)) => r,

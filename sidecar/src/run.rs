@@ -21,6 +21,7 @@ use crate::segment::{Segment, SegmentOptions};
 use crate::tracker::{Tracker, TrackerAdmission};
 use crate::transport::tcp::{ServerConfig, TcpConfig, TcpServer, TcpTransport};
 use crate::transport::{DataClient, StripeConfig, TransportStats};
+use crate::watch::NodeIndex;
 use regolith_proto::daemon;
 use regolith_proto::shutdown::Shutdown;
 
@@ -127,6 +128,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         ..StripeConfig::default()
     };
     let data = DataClient::new(transport, stripe, transport_stats.clone())?;
+    let index = Arc::new(NodeIndex::new(settings.index, metrics.clone()));
     let store = Store::new(
         Arc::new(metad.clone()),
         node_id,
@@ -134,7 +136,8 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         tracker,
         data,
         metrics.clone(),
-    );
+    )
+    .with_index(index.clone());
     let side = Arc::new(Sidecar {
         settings: settings.clone(),
         store: Arc::new(store),
@@ -154,6 +157,12 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     });
     side.heartbeat_once().await;
     let hb = tokio::spawn(side.clone().heartbeat_loop(shutdown.clone()));
+    let watch = tokio::spawn(crate::watch::run(
+        index,
+        side.metad.clone(),
+        node_id,
+        shutdown.clone(),
+    ));
     let http = crate::http::serve(side.clone(), shutdown.clone()).await?;
     let listener = crate::uds::bind(&settings.socket, settings.socket_group.as_deref())?;
     tracing::info!(socket = %settings.socket.display(), "serving local clients");
@@ -166,6 +175,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     let _ = uds.await;
     side.leave().await;
     let _ = hb.await;
+    let _ = watch.await;
     let server = side.server.lock().take();
     if let Some(s) = server {
         s.shutdown().await;

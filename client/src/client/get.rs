@@ -36,6 +36,7 @@ impl AsyncClient {
             dest: Some(inline),
             local_ok: true,
             report_mismatch: false,
+            mismatched_version: None,
         };
         for _ in 0..2 {
             let r = get_one(&s, item.clone()).await?;
@@ -47,6 +48,7 @@ impl AsyncClient {
                     dest: Some(held.region(r.size)),
                     local_ok: true,
                     report_mismatch: item.report_mismatch,
+                    mismatched_version: item.mismatched_version,
                 };
                 let out = match get_one(&s, it).await {
                     Ok(r) => match self.finish_get(&s, key, &r, Some(&held)) {
@@ -70,6 +72,7 @@ impl AsyncClient {
                     None => {
                         item.local_ok = false;
                         item.report_mismatch = true;
+                        item.mismatched_version = r.version;
                     }
                 },
             }
@@ -226,6 +229,7 @@ impl AsyncClient {
                 dest: Some(region),
                 local_ok: true,
                 report_mismatch: false,
+                mismatched_version: None,
             });
         }
         let mut results: Vec<Option<Result<usize>>> = (0..group.len()).map(|_| None).collect();
@@ -260,6 +264,7 @@ impl AsyncClient {
                         let mut it = req.items[k].clone();
                         it.local_ok = false;
                         it.report_mismatch = true;
+                        it.mismatched_version = r.version;
                         next.items.push(it);
                         next_round.push(j);
                     }

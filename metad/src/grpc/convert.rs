@@ -3,6 +3,8 @@
 use regolith_proto::metad as pb;
 
 use crate::error::Error;
+use crate::feed::Change;
+use crate::ops::watch::{Kind, WatchMessage};
 use crate::leader::{Heartbeat, PinKind, PlacedReplica, Placement, PutRequest, Reserved};
 use crate::ops::get::KeyInfo;
 use crate::ops::put::{CommitItem, Committed};
@@ -258,5 +260,64 @@ pub fn status_of(e: &Error) -> pb::Status {
     pb::Status {
         code: code_of(e) as i32,
         message: e.to_string(),
+    }
+}
+
+fn watch_segment(segment: &SegmentId, node_name: &str, data_addrs: &[String]) -> pb::WatchSegment {
+    pb::WatchSegment {
+        node_id: segment.node,
+        generation: segment.generation,
+        node_name: node_name.to_string(),
+        data_addrs: data_addrs.to_vec(),
+    }
+}
+
+pub fn watch_change(c: &Change) -> pb::WatchChange {
+    use pb::watch_change::Change as C;
+    let change = match c {
+        Change::Put { key, obj } => C::Put(pb::WatchObject {
+            key: key.clone(),
+            size: obj.size,
+            checksum: obj.checksum,
+            version: Some(version(obj.version)),
+            replicas: obj
+                .replicas
+                .iter()
+                .map(|r| pb::Replica {
+                    node_id: r.segment.node,
+                    generation: r.segment.generation,
+                    extents: r.extents.iter().map(extent).collect(),
+                    ..Default::default()
+                })
+                .collect(),
+        }),
+        Change::Removed { key } => C::Removed(key.clone()),
+        Change::RemovedAll => C::RemovedAll(true),
+        Change::SegmentUp {
+            segment,
+            node_name,
+            data_addrs,
+        } => C::SegmentUp(watch_segment(segment, node_name, data_addrs)),
+        Change::SegmentDown { segment } => C::SegmentDown(watch_segment(segment, "", &[])),
+    };
+    pb::WatchChange {
+        change: Some(change),
+    }
+}
+
+pub fn watch_message(m: &WatchMessage) -> pb::WatchMessage {
+    use pb::watch_message::Kind as K;
+    let kind = match m.kind {
+        Kind::Changes => K::Changes,
+        Kind::Reset => K::Reset,
+        Kind::Snapshot => K::Snapshot,
+        Kind::SnapshotEnd => K::SnapshotEnd,
+    };
+    pb::WatchMessage {
+        kind: kind as i32,
+        index: m.index,
+        changes: m.changes.iter().map(watch_change).collect(),
+        applied_index: m.applied,
+        term: m.term,
     }
 }

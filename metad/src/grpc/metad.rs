@@ -98,6 +98,24 @@ impl MetadService {
 
 #[tonic::async_trait]
 impl Metad for MetadService {
+    type WatchStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<pb::WatchMessage, Status>> + Send + 'static>,
+    >;
+
+    async fn watch(&self, req: Request<pb::WatchRequest>) -> Reply<Self::WatchStream> {
+        use tokio_stream::StreamExt;
+        self.ops.metrics.rpc_requests.with_label_values(&["watch"]).inc();
+        let r = req.into_inner();
+        // Fails fast on a follower, before a stream is opened.
+        self.ops.leader().await.map_err(status)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tokio::spawn(self.ops.clone().watch(r.after_index, r.node_id, tx));
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(|m| {
+            m.map(|m| convert::watch_message(&m)).map_err(status)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
     async fn mount_segment(
         &self,
         req: Request<pb::MountSegmentRequest>,
@@ -143,7 +161,11 @@ impl Metad for MetadService {
         self.call("heartbeat", async {
             let r = req.into_inner();
             check_heartbeat_lists(r.in_flight.len(), r.released.len())?;
-            let (term, reply) = self.ops.heartbeat(&convert::heartbeat(&r)).await?;
+            self.ops.check_keys(&r.accessed)?;
+            let (term, reply) = self
+                .ops
+                .heartbeat_with(&convert::heartbeat(&r), &r.accessed)
+                .await?;
             Ok(pb::HeartbeatResponse {
                 term,
                 leader_id: self.ops.id,

@@ -493,6 +493,20 @@ impl Leader {
             .collect()
     }
 
+    /// Refreshes the access time of objects a sidecar read through its own index (the leader
+    /// saw no get for them); unknown keys are skipped. Answers how many were known.
+    pub fn touch(&self, sm: &mut StateMachine, keys: &[String], now: Now) -> usize {
+        let access = access_s(now);
+        let mut known = 0;
+        for k in keys {
+            if let Some(o) = sm.object_mut(k) {
+                o.access_s = access;
+                known += 1;
+            }
+        }
+        known
+    }
+
     // ------------------------------------------------------------------ applies
 
     /// Follows one apply's effects.
@@ -540,6 +554,8 @@ impl Leader {
                 self.live.forget(segment);
                 self.drain_proposed.remove(segment);
             }
+            // What the watch feed follows; the leader's bookkeeping needs none of it.
+            Effect::Removed { .. } | Effect::Shrunk { .. } => {}
         }
     }
 

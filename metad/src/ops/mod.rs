@@ -11,6 +11,8 @@
 //! * [`meta`] — the metadata KV: get, put, delete.
 //! * [`segments`] — mount, unmount, heartbeat, drain, list segments.
 //! * [`members`] — Raft membership changes.
+//! * [`watch`] — the stream of the object index to sidecars: a snapshot, then the changes
+//!   of every applied entry.
 //! * [`stats`] — the snapshot of the store and of Raft that `Stats`, `/status`, `/metrics` and
 //!   the summary log all show.
 //!
@@ -24,6 +26,7 @@ pub mod put;
 pub mod remove;
 pub mod segments;
 pub mod stats;
+pub mod watch;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -53,6 +56,8 @@ pub struct Ops {
     pub gate: Gate,
     pub metrics: Arc<Metrics>,
     pub clock: Clock,
+    /// The last applied index (the state machine sends it after every entry).
+    pub applied: tokio::sync::watch::Receiver<u64>,
 }
 
 /// One member of the Raft group.

@@ -131,10 +131,22 @@ impl Ops {
 
     /// A sidecar's heartbeat; the term of this leader and its reply.
     pub async fn heartbeat(&self, hb: &Heartbeat) -> Result<(u64, HeartbeatReply)> {
+        self.heartbeat_with(hb, &[]).await
+    }
+
+    /// A heartbeat that also reports the keys its node read through its index (eviction's
+    /// recency, design §5).
+    pub async fn heartbeat_with(
+        &self,
+        hb: &Heartbeat,
+        accessed: &[String],
+    ) -> Result<(u64, HeartbeatReply)> {
         let obs = self.leader().await?;
         let now = self.clock.now();
         let mut core = self.core.lock();
         let (l, sm) = core.leader_parts().ok_or(Error::NoLeaderState)?;
+        let touched = l.touch(sm, accessed, now);
+        self.metrics.accesses_reported.inc_by(touched as u64);
         Ok((obs.term, l.heartbeat(sm, hb, now)))
     }
 

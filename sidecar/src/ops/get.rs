@@ -22,6 +22,9 @@ pub struct GetItem {
     pub local_ok: bool,
     /// The client found the local copy corrupt: count it and read another replica.
     pub report_mismatch: bool,
+    /// The version of the copy the client found corrupt, when it says (an index placement
+    /// of a reused extent is then told from corruption).
+    pub mismatched_version: Option<Version>,
 }
 
 /// What the client needs to know of an object it asked for.
@@ -60,13 +63,80 @@ impl GetResult {
     }
 }
 
-/// Gets every item; one result each, in order.
+/// Gets every item; one result each, in order. Placements come from the node's index where it
+/// has them (no metad round trip, no lease), else from the leader with a read lease. An indexed
+/// placement is only a hint: when its bytes do not verify (the object was evicted and its
+/// space reused) or cannot be read, the item is retried with the leader's placement, so a get
+/// never returns bytes other than those put under the key (design §3, invariant 4).
 pub async fn get(store: &Store, items: Vec<GetItem>) -> Vec<GetResult> {
     let n = items.len();
     if n == 0 || n > MAX_ITEMS {
         let f = Failure::invalid(format!("{n} items; 1..={MAX_ITEMS} per request"));
         return vec![GetResult::failed(f); n];
     }
+    let indexed = indexed_placements(store, &items);
+    let mut results: Vec<Option<GetResult>> = vec![None; n];
+    let work = items.iter().zip(indexed).enumerate().filter_map(|(i, (it, p))| {
+        let p = p?;
+        Some(async move { (i, try_indexed(store, it, p).await) })
+    });
+    for (i, r) in join_all(work).await {
+        results[i] = r;
+    }
+    let ask: Vec<usize> = (0..n).filter(|&i| results[i].is_none()).collect();
+    if !ask.is_empty() {
+        let asked: Vec<GetItem> = ask.iter().map(|&i| items[i].clone()).collect();
+        for (i, r) in ask.into_iter().zip(get_from_leader(store, &asked).await) {
+            results[i] = Some(r);
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| GetResult::failed(Failure::new(Code::Internal, "no outcome"))))
+        .collect()
+}
+
+/// The indexed placement of each item the index may answer for; none for items that report
+/// a mismatch (those ask the leader, which tells a stale index from corruption).
+fn indexed_placements(store: &Store, items: &[GetItem]) -> Vec<Option<Placement>> {
+    let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+    let Some(found) = store.index.placements(&keys) else {
+        return vec![None; items.len()];
+    };
+    items
+        .iter()
+        .zip(found)
+        .map(|(it, p)| p.filter(|_| !it.report_mismatch))
+        .collect()
+}
+
+/// One item through its indexed placement: its result, or None when the leader must be asked
+/// (the bytes did not verify or could not be read).
+async fn try_indexed(store: &Store, it: &GetItem, p: Placement) -> Option<GetResult> {
+    let version = p.version;
+    let r = get_one(store, it, p, Source::Index).await;
+    match &r.status {
+        Err(f) if matches!(f.code, Code::Corrupt | Code::Unavailable) => {
+            store
+                .metrics
+                .index_stale_reads
+                .with_label_values(&["read"])
+                .inc();
+            store.index.forget(&it.key, version);
+            None
+        }
+        _ => {
+            store.count_answers("get", "index", 1);
+            store.index.note_access(&it.key);
+            Some(r)
+        }
+    }
+}
+
+/// Gets items with the leader's placements (read leases granted).
+async fn get_from_leader(store: &Store, items: &[GetItem]) -> Vec<GetResult> {
+    let n = items.len();
+    store.count_answers("get", "metad", n);
     let keys = items.iter().map(|i| i.key.clone()).collect();
     let placements = match store.metad.placements(keys, store.node_id()).await {
         Ok(p) if p.len() == n => p,
@@ -81,14 +151,21 @@ pub async fn get(store: &Store, items: Vec<GetItem>) -> Vec<GetResult> {
     };
     let work = items.iter().zip(placements).map(|(it, p)| async move {
         match p {
-            Ok(p) => get_one(store, it, p).await,
+            Ok(p) => get_one(store, it, p, Source::Leader).await,
             Err(r) => GetResult::failed(Failure::from(&r)),
         }
     });
     join_all(work).await
 }
 
-async fn get_one(store: &Store, it: &GetItem, p: Placement) -> GetResult {
+/// Where a placement came from.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Source {
+    Index,
+    Leader,
+}
+
+async fn get_one(store: &Store, it: &GetItem, p: Placement, src: Source) -> GetResult {
     let found = Found {
         version: p.version,
         size: p.size,
@@ -96,31 +173,32 @@ async fn get_one(store: &Store, it: &GetItem, p: Placement) -> GetResult {
     };
     GetResult {
         found: Some(found),
-        status: deliver(store, it, &p).await,
+        status: deliver(store, it, &p, src).await,
     }
 }
 
-async fn deliver(store: &Store, it: &GetItem, p: &Placement) -> Outcome<Delivery> {
-    if it.report_mismatch {
-        store.metrics.checksum_mismatches.inc();
-        tracing::warn!(key = %it.key, "a client found the local copy corrupt");
-    }
+async fn deliver(store: &Store, it: &GetItem, p: &Placement, src: Source) -> Outcome<Delivery> {
+    // Whether the local copy is known bad: a client's report about a version this placement
+    // no longer has is a stale index, not damage.
+    let local_bad = it.report_mismatch && report_client_mismatch(store, it, p);
     let local = p.replicas.iter().find(|r| store.is_local(r));
-    if let (Some(l), true, false) = (local, it.local_ok, it.report_mismatch) {
+    // A report that turned out stale lets the client copy the (current) local replica again.
+    let local_ok = it.local_ok || (it.report_mismatch && !local_bad);
+    if let (Some(l), true, false) = (local, local_ok, local_bad) {
         served(store, p.size);
         return Ok(Delivery::Local(l.extents.clone()));
     }
     let candidates: Vec<&Replica> = p
         .replicas
         .iter()
-        .filter(|r| !(it.report_mismatch && store.is_local(r)))
+        .filter(|r| !(local_bad && store.is_local(r)))
         .collect();
     let inline_max = match &it.dest {
         Region::Absent => Some(MAX_INLINE),
         Region::Inline { max_len, .. } => Some((*max_len).min(MAX_INLINE)),
         _ => None,
     };
-    let mut reader = Reader::new(store, &it.key, p);
+    let mut reader = Reader::new(store, &it.key, p, src);
     if let Some(max) = inline_max {
         if p.size > max {
             return Err(Failure::new(
@@ -130,7 +208,7 @@ async fn deliver(store: &Store, it: &GetItem, p: &Placement) -> Outcome<Delivery
         }
         let mut buf = vec![0u8; p.size as usize];
         if !reader.read_verified(&candidates, &mut buf).await {
-            return Err(reader.failure(it.report_mismatch));
+            return Err(reader.failure(local_bad));
         }
         return Ok(Delivery::Inline(buf));
     }
@@ -139,9 +217,33 @@ async fn deliver(store: &Store, it: &GetItem, p: &Placement) -> Outcome<Delivery
     // alive; the client does not touch this window until the reply arrives.
     let dst = unsafe { seg.slice_mut(off, p.size) }.map_err(|e| Failure::invalid(e.to_string()))?;
     if !reader.read_verified(&candidates, dst).await {
-        return Err(reader.failure(it.report_mismatch));
+        return Err(reader.failure(local_bad));
     }
     Ok(Delivery::Delivered)
+}
+
+/// The client found the local copy it was given corrupt. With the version it read, a
+/// placement the index gave (no lease: the space may have been reused since) is told from
+/// corruption: only when the leader still has that very version were the bytes damaged.
+/// Answers whether they were.
+fn report_client_mismatch(store: &Store, it: &GetItem, p: &Placement) -> bool {
+    match it.mismatched_version {
+        Some(v) if v != p.version => {
+            store
+                .metrics
+                .index_stale_reads
+                .with_label_values(&["client"])
+                .inc();
+            store.index.forget(&it.key, v);
+            tracing::debug!(key = %it.key, "a client read a reused extent through the index");
+            false
+        }
+        _ => {
+            store.metrics.checksum_mismatches.inc();
+            tracing::warn!(key = %it.key, "a client found the local copy corrupt");
+            true
+        }
+    }
 }
 
 fn served(store: &Store, size: u64) {
@@ -155,16 +257,18 @@ struct Reader<'a> {
     store: &'a Store,
     key: &'a str,
     p: &'a Placement,
+    src: Source,
     mismatched: bool,
     last_err: String,
 }
 
 impl<'a> Reader<'a> {
-    fn new(store: &'a Store, key: &'a str, p: &'a Placement) -> Self {
+    fn new(store: &'a Store, key: &'a str, p: &'a Placement, src: Source) -> Self {
         Reader {
             store,
             key,
             p,
+            src,
             mismatched: false,
             last_err: String::from("no replica to read"),
         }
@@ -185,6 +289,12 @@ impl<'a> Reader<'a> {
                     served(self.store, self.p.size);
                     return true;
                 }
+                Ok(()) if self.src == Source::Index => {
+                    // Without a lease the space may have been reused: not corruption, a
+                    // stale placement (the caller asks the leader).
+                    self.mismatched = true;
+                    return false;
+                }
                 Ok(()) => {
                     self.mismatched = true;
                     self.store.metrics.checksum_mismatches.inc();
@@ -196,10 +306,13 @@ impl<'a> Reader<'a> {
         false
     }
 
-    /// Why no replica could be delivered (counted as a failed get).
+    /// Why no replica could be delivered (counted as a failed get, unless the placement was
+    /// the index's and the leader is asked next).
     fn failure(&self, reported_mismatch: bool) -> Failure {
         let f = self.explain(reported_mismatch);
-        self.store.count_error("get", f.code);
+        if self.src == Source::Leader {
+            self.store.count_error("get", f.code);
+        }
         f
     }
 
@@ -256,6 +369,7 @@ mod tests {
             dest,
             local_ok,
             report_mismatch: false,
+            mismatched_version: None,
         }
     }
 

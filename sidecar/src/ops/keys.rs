@@ -12,8 +12,15 @@ fn check_count(n: usize) -> Outcome<()> {
     Ok(())
 }
 
+/// Whether each key exists: from the node's index while it is synced (a stale answer is
+/// harmless, the get that follows verifies), else from the leader. Never a lease (design §5).
 pub async fn exists(store: &Store, keys: Vec<String>) -> Outcome<Vec<bool>> {
     check_count(keys.len())?;
+    if let Some(found) = store.index.exists(&keys) {
+        store.count_answers("exists", "index", keys.len());
+        return Ok(found);
+    }
+    store.count_answers("exists", "metad", keys.len());
     store
         .metad
         .exists(keys)
@@ -50,11 +57,17 @@ pub async fn remove(store: &Store, keys: Vec<String>) -> Outcome<Vec<Outcome<()>
         .iter()
         .copied()
         .chain(std::iter::repeat(mpb::Code::Internal));
-    Ok(keys
+    let out: Vec<Outcome<()>> = keys
         .iter()
         .zip(codes)
         .map(|(k, c)| remove_status(k, c, removed.failed_attempts))
-        .collect())
+        .collect();
+    for (k, o) in keys.iter().zip(&out) {
+        if o.is_ok() {
+            store.index.local_remove(k);
+        }
+    }
+    Ok(out)
 }
 
 /// One key's answer to a remove. NOT_FOUND after an attempt that got no answer is no proof the
@@ -75,11 +88,13 @@ fn remove_status(key: &str, code: mpb::Code, failed_attempts: u32) -> Outcome<()
 
 /// Removes every object; answers how many.
 pub async fn remove_all(store: &Store) -> Outcome<u64> {
-    store
+    let n = store
         .metad
         .remove_all()
         .await
-        .map_err(|e| metad_failure(&e))
+        .map_err(|e| metad_failure(&e))?;
+    store.index.local_remove_all();
+    Ok(n)
 }
 
 #[cfg(test)]

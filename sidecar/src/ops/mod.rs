@@ -24,6 +24,7 @@ use regolith_proto::uds::pb::Code;
 
 use crate::metrics::Metrics;
 use crate::segment::Segment;
+use crate::watch::NodeIndex;
 use crate::tracker::Tracker;
 use crate::transport::tcp::TcpTransport;
 use crate::transport::DataClient;
@@ -159,6 +160,8 @@ pub struct Store {
     pub tracker: Arc<Tracker>,
     pub data: DataClient<TcpTransport>,
     pub metrics: Arc<Metrics>,
+    /// The node's object index (answers exists and gets while synced).
+    pub index: Arc<NodeIndex>,
     node_id: AtomicU64,
     /// Puts and gets served (for `STATS`).
     pub puts: AtomicU64,
@@ -179,11 +182,18 @@ impl Store {
             segment,
             tracker,
             data,
+            index: Arc::new(NodeIndex::disabled(metrics.clone())),
             metrics,
             node_id: AtomicU64::new(node_id),
             puts: AtomicU64::new(0),
             gets: AtomicU64::new(0),
         }
+    }
+
+    /// The store with this index (the default one never answers).
+    pub fn with_index(mut self, index: Arc<NodeIndex>) -> Self {
+        self.index = index;
+        self
     }
 
     pub fn node_id(&self) -> u64 {
@@ -210,6 +220,14 @@ impl Store {
                 local: self.is_local(r),
             })
             .collect()
+    }
+
+    /// Counts keys answered by the index or by metad.
+    fn count_answers(&self, op: &str, source: &str, n: usize) {
+        self.metrics
+            .index_answers
+            .with_label_values(&[op, source])
+            .inc_by(n as u64);
     }
 
     /// Counts a failed operation by its code.

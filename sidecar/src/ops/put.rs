@@ -216,13 +216,22 @@ pub async fn commit(
     for (leader, batch) in by_leader {
         let req = batch.iter().map(|(_, v, ck, _)| (*v, *ck)).collect();
         let answer = store.metad.commit(&leader, req).await;
-        for (k, (i, v, _, p)) in batch.into_iter().enumerate() {
+        for (k, (i, v, ck, p)) in batch.into_iter().enumerate() {
             store.tracker.untrack_local(v);
             let status = commit_status(&answer, k);
             match &status {
                 Ok(()) => {
                     store.metrics.put_bytes.inc_by(p.size);
                     store.puts.fetch_add(1, Ordering::Relaxed);
+                    store.index.local_put(
+                        &p.key,
+                        super::Placement {
+                            version: v,
+                            size: p.size,
+                            checksum: ck,
+                            replicas: p.replicas.clone(),
+                        },
+                    );
                 }
                 Err(f) => store.count_error("put_commit", f.code),
             }
@@ -433,6 +442,7 @@ mod tests {
             dest: Region::Absent,
             local_ok: false,
             report_mismatch: false,
+            mismatched_version: None,
         }
     }
 

@@ -116,6 +116,7 @@ pub(super) fn get_item(conn: &Conn, it: pb::GetItem) -> get::GetItem {
         dest: region(conn, it.dest),
         local_ok: it.local_ok,
         report_mismatch: it.report_mismatch,
+        mismatched_version: it.mismatched_version,
     }
 }
 
