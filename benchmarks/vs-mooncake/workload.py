@@ -249,21 +249,11 @@ class Bench:
                     errors += 1
             if len(ring) * size > limit:
                 old = [ring.popleft() for _ in range(len(ring) // 2)]
-                before = self._shift(before, mode, old)
                 self.remove(old)
         live = list(ring)
         errors += self.misplaced(mode, live, before)
         self.remove(live)
         return self._finish(mode, size, op, batch, lat, items, errors)
-
-    def _shift(self, before, mode, old):
-        """Regolith: after removing `old` (all on the target), the baseline moves down."""
-        if before is None:
-            return None
-        before = dict(before)
-        target = self.me if mode == "local" else self.remote
-        before[target] = before.get(target, 0) - len(old)
-        return before
 
     def read_rows(self, mode: str, size: int, ops: list[str]):
         batch = batch_of(size)
