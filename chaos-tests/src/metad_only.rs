@@ -197,6 +197,7 @@ impl FakeSidecar {
             in_flight: self.inflight.on(seg),
             released: released.clone(),
             used_bytes: 0,
+            accessed: vec![],
         };
         // Taken before the call (which may retry): never later than the send that was heard.
         let sent_us = self.history.now_us();

@@ -59,11 +59,20 @@ pub fn free_port() -> u16 {
 
 /// A minimal HTTP GET over a plain socket.
 pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    http_request(addr, "GET", path)
+}
+
+/// An empty-bodied POST (the sidecar's `--test-hooks` endpoints).
+pub fn http_post(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    http_request(addr, "POST", path)
+}
+
+fn http_request(addr: &str, method: &str, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = std::net::TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;

@@ -84,6 +84,10 @@ pub struct Args {
     pub drain_timeout: Option<String>,
     #[arg(long, env = "REGOLITH_MAX_KEY_LEN")]
     pub max_key_len: Option<usize>,
+    /// Changes of recent entries kept for watchers that reconnect (sidecar indexes resume from
+    /// them; one further behind gets a full snapshot).
+    #[arg(long, env = "REGOLITH_WATCH_BACKLOG_CHANGES")]
+    pub watch_backlog_changes: Option<usize>,
 
     /// Raft heartbeat interval (e.g. 100ms).
     #[arg(long, env = "REGOLITH_HEARTBEAT_INTERVAL")]
@@ -148,6 +152,7 @@ pub struct FileConfig {
     pub soft_pin_ttl: Option<String>,
     pub drain_timeout: Option<String>,
     pub max_key_len: Option<usize>,
+    pub watch_backlog_changes: Option<usize>,
     pub heartbeat_interval: Option<String>,
     pub election_timeout_min: Option<String>,
     pub election_timeout_max: Option<String>,
@@ -360,6 +365,10 @@ impl Args {
                 .max_key_len
                 .or(file.max_key_len)
                 .unwrap_or(d.max_key_len),
+            watch_backlog_changes: self
+                .watch_backlog_changes
+                .or(file.watch_backlog_changes)
+                .unwrap_or(d.watch_backlog_changes),
             ..d
         };
         cache.validate().map_err(Error::Config)?;

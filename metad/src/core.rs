@@ -56,7 +56,12 @@ impl Core {
         self.apply_into(cmd, now, None)
     }
 
-    fn apply_into(&mut self, cmd: &Command, now: Now, changes: Option<&mut Vec<Change>>) -> Outcome {
+    fn apply_into(
+        &mut self,
+        cmd: &Command,
+        now: Now,
+        changes: Option<&mut Vec<Change>>,
+    ) -> Outcome {
         let mut fx = Vec::new();
         let out = self.sm.apply(cmd, &mut fx);
         if let Some(l) = self.leader.as_mut() {

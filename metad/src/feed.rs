@@ -52,7 +52,10 @@ pub type EntryChanges = (u64, Arc<[Change]>);
 pub enum Since {
     /// The changes after the asked index, oldest first (possibly none), and the index they
     /// bring a watcher to: every change up to it is in them or before.
-    Changes { entries: Vec<EntryChanges>, upto: u64 },
+    Changes {
+        entries: Vec<EntryChanges>,
+        upto: u64,
+    },
     /// The ring no longer reaches back to the asked index: the watcher must resync.
     TooOld,
     /// The asked index is beyond what this replica has applied (it may catch up).
@@ -227,7 +230,11 @@ mod tests {
         f.reset();
         assert_eq!(f.since(1, 10), Since::TooOld);
         f.record(40, vec![rm("b")]);
-        assert_eq!(f.since(1, 10), Since::TooOld, "entries 2..39 are unknown here");
+        assert_eq!(
+            f.since(1, 10),
+            Since::TooOld,
+            "entries 2..39 are unknown here"
+        );
         assert_eq!(keys(&f.since(39, 10)), vec![(40, 1)]);
     }
 }

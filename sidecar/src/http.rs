@@ -95,7 +95,31 @@ fn close_nic(side: &Sidecar, req: &Request<hyper::body::Incoming>) -> Response<F
     }
 }
 
+/// Test hook: `POST /debug/freeze-index?on=1` stops applying the watch stream while the
+/// index keeps answering (a lagging index); `?on=0` resyncs it (only with `--test-hooks`).
+fn freeze_index(side: &Sidecar, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    let on = match req.uri().query() {
+        Some("on=1") => true,
+        Some("on=0") => false,
+        _ => {
+            return reply(
+                StatusCode::BAD_REQUEST,
+                "text/plain",
+                "use ?on=1 or ?on=0\n",
+            )
+        }
+    };
+    side.store.index.freeze_for_test(on);
+    reply(StatusCode::OK, "text/plain", format!("frozen={on}\n"))
+}
+
 fn route(side: &Sidecar, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    if side.settings.test_hooks
+        && req.method() == Method::POST
+        && req.uri().path() == "/debug/freeze-index"
+    {
+        return freeze_index(side, req);
+    }
     if side.settings.test_hooks
         && req.method() == Method::POST
         && req.uri().path() == "/debug/close-nic"

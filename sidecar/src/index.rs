@@ -411,8 +411,9 @@ impl Index {
         }
         self.len += 1;
         let chunks = &self.chunks;
-        self.table
-            .insert_unique(hash, i, |&j| chunks[j as usize / CHUNK][j as usize % CHUNK].hash);
+        self.table.insert_unique(hash, i, |&j| {
+            chunks[j as usize / CHUNK][j as usize % CHUNK].hash
+        });
     }
 
     fn delete(&mut self, key: &str) {

@@ -8,6 +8,7 @@
 //! [`STALE_AFTER`], and no resync is under way; otherwise every exists and get asks metad.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,10 @@ pub struct NodeIndex {
     enabled: bool,
     epoch: Instant,
     metrics: Arc<Metrics>,
+    /// Test hook: messages are received but not applied.
+    frozen: AtomicBool,
+    /// Test hook: drop the stream and resync.
+    resync: AtomicBool,
 }
 
 impl NodeIndex {
@@ -57,6 +62,8 @@ impl NodeIndex {
             enabled,
             epoch: Instant::now(),
             metrics,
+            frozen: AtomicBool::new(false),
+            resync: AtomicBool::new(false),
         }
     }
 
@@ -154,10 +161,32 @@ impl NodeIndex {
         self.index.read().applied()
     }
 
+    /// Test hook (`--test-hooks`): while frozen, the stream is read but not applied, and the
+    /// index keeps answering as if current; thawing resyncs it.
+    pub fn freeze_for_test(&self, on: bool) {
+        self.frozen.store(on, Ordering::Release);
+        if !on {
+            self.resync.store(true, Ordering::Release);
+        }
+    }
+
+    /// A resync was asked for: the copy is dropped and the stream must start over.
+    fn take_resync(&self) -> bool {
+        if !self.resync.swap(false, Ordering::AcqRel) {
+            return false;
+        }
+        self.index.write().clear();
+        true
+    }
+
     /// Applies one stream message; answers the index the copy is complete up to.
     fn apply(&self, m: mpb::WatchMessage) -> u64 {
         use mpb::watch_message::Kind;
         let kind = Kind::try_from(m.kind).unwrap_or(Kind::Changes);
+        if self.frozen.load(Ordering::Acquire) {
+            self.health.lock().last_message = Some(Instant::now());
+            return self.applied();
+        }
         let now = self.now_ms();
         let mut ix = self.index.write();
         match kind {
@@ -201,10 +230,9 @@ impl NodeIndex {
         self.metrics
             .index_lag_entries
             .set(h.leader_applied.saturating_sub(applied) as i64);
-        self.metrics.index_lag_ms.set(
-            h.behind_since
-                .map_or(0, |t| t.elapsed().as_millis() as i64),
-        );
+        self.metrics
+            .index_lag_ms
+            .set(h.behind_since.map_or(0, |t| t.elapsed().as_millis() as i64));
         applied
     }
 
@@ -281,7 +309,9 @@ pub async fn run(index: Arc<NodeIndex>, metad: MetadClient, node_id: u64, shutdo
                 target = leader::hint_of(&s).map(|h| h.addr).filter(|a| *a != addr);
                 tracing::debug!(%addr, next = ?target, "watch: not the leader");
             }
-            Err(s) => tracing::debug!(%addr, code = ?s.code(), msg = s.message(), "watch stream ended"),
+            Err(s) => {
+                tracing::debug!(%addr, code = ?s.code(), msg = s.message(), "watch stream ended")
+            }
         }
         if target.is_none() {
             tokio::select! {
@@ -319,10 +349,10 @@ async fn follow(
             Err(_) => return Err(tonic::Status::deadline_exceeded("watch stream silent")),
         };
         index.apply(m);
-        index
-            .metrics
-            .index_synced
-            .set(i64::from(index.synced()));
+        if index.take_resync() {
+            return Err(tonic::Status::aborted("resync asked"));
+        }
+        index.metrics.index_synced.set(i64::from(index.synced()));
     }
 }
 

@@ -4,12 +4,12 @@ use regolith_proto::metad as pb;
 
 use crate::error::Error;
 use crate::feed::Change;
-use crate::ops::watch::{Kind, WatchMessage};
 use crate::leader::{Heartbeat, PinKind, PlacedReplica, Placement, PutRequest, Reserved};
 use crate::ops::get::KeyInfo;
 use crate::ops::put::{CommitItem, Committed};
 use crate::ops::segments::SegmentView;
 use crate::ops::stats::Stats;
+use crate::ops::watch::{Kind, WatchMessage};
 use crate::ops::Member;
 use crate::types::{Extent, Pin, SegmentId, SegmentState, Version};
 

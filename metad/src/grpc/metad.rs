@@ -104,15 +104,18 @@ impl Metad for MetadService {
 
     async fn watch(&self, req: Request<pb::WatchRequest>) -> Reply<Self::WatchStream> {
         use tokio_stream::StreamExt;
-        self.ops.metrics.rpc_requests.with_label_values(&["watch"]).inc();
+        self.ops
+            .metrics
+            .rpc_requests
+            .with_label_values(&["watch"])
+            .inc();
         let r = req.into_inner();
         // Fails fast on a follower, before a stream is opened.
         self.ops.leader().await.map_err(status)?;
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         tokio::spawn(self.ops.clone().watch(r.after_index, r.node_id, tx));
-        let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(|m| {
-            m.map(|m| convert::watch_message(&m)).map_err(status)
-        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx)
+            .map(|m| m.map(|m| convert::watch_message(&m)).map_err(status));
         Ok(Response::new(Box::pin(stream)))
     }
 

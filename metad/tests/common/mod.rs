@@ -271,6 +271,7 @@ pub async fn heartbeat(
         in_flight: vec![],
         released,
         used_bytes: 0,
+        accessed: vec![],
     })
     .await
     .unwrap()

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use futures::future::join_all;
 use regolith_proto::checksum;
 use regolith_proto::common::{Extent, Version};
+use regolith_proto::metad as mpb;
 use regolith_proto::uds::{pb::Code, MAX_INLINE};
 
 use super::{metad_failure, Failure, Outcome, Placement, Region, Replica, Store, MAX_ITEMS};
@@ -76,10 +77,14 @@ pub async fn get(store: &Store, items: Vec<GetItem>) -> Vec<GetResult> {
     }
     let indexed = indexed_placements(store, &items);
     let mut results: Vec<Option<GetResult>> = vec![None; n];
-    let work = items.iter().zip(indexed).enumerate().filter_map(|(i, (it, p))| {
-        let p = p?;
-        Some(async move { (i, try_indexed(store, it, p).await) })
-    });
+    let work = items
+        .iter()
+        .zip(indexed)
+        .enumerate()
+        .filter_map(|(i, (it, p))| {
+            let p = p?;
+            Some(async move { (i, try_indexed(store, it, p).await) })
+        });
     for (i, r) in join_all(work).await {
         results[i] = r;
     }
@@ -152,7 +157,13 @@ async fn get_from_leader(store: &Store, items: &[GetItem]) -> Vec<GetResult> {
     let work = items.iter().zip(placements).map(|(it, p)| async move {
         match p {
             Ok(p) => get_one(store, it, p, Source::Leader).await,
-            Err(r) => GetResult::failed(Failure::from(&r)),
+            Err(r) => {
+                if it.report_mismatch && r.code == mpb::Code::NotFound {
+                    // The client read a key that is gone: reused space, not damage.
+                    stale_client_read(store, it);
+                }
+                GetResult::failed(Failure::from(&r))
+            }
         }
     });
     join_all(work).await
@@ -229,13 +240,7 @@ async fn deliver(store: &Store, it: &GetItem, p: &Placement, src: Source) -> Out
 fn report_client_mismatch(store: &Store, it: &GetItem, p: &Placement) -> bool {
     match it.mismatched_version {
         Some(v) if v != p.version => {
-            store
-                .metrics
-                .index_stale_reads
-                .with_label_values(&["client"])
-                .inc();
-            store.index.forget(&it.key, v);
-            tracing::debug!(key = %it.key, "a client read a reused extent through the index");
+            stale_client_read(store, it);
             false
         }
         _ => {
@@ -244,6 +249,19 @@ fn report_client_mismatch(store: &Store, it: &GetItem, p: &Placement) -> bool {
             true
         }
     }
+}
+
+/// A client's local copy did not verify because the index's placement was stale.
+fn stale_client_read(store: &Store, it: &GetItem) {
+    store
+        .metrics
+        .index_stale_reads
+        .with_label_values(&["client"])
+        .inc();
+    if let Some(v) = it.mismatched_version {
+        store.index.forget(&it.key, v);
+    }
+    tracing::debug!(key = %it.key, "a client read a reused extent through the index");
 }
 
 fn served(store: &Store, size: u64) {

@@ -24,10 +24,10 @@ use regolith_proto::uds::pb::Code;
 
 use crate::metrics::Metrics;
 use crate::segment::Segment;
-use crate::watch::NodeIndex;
 use crate::tracker::Tracker;
 use crate::transport::tcp::TcpTransport;
 use crate::transport::DataClient;
+use crate::watch::NodeIndex;
 
 pub mod get;
 pub mod keys;
