@@ -19,6 +19,7 @@
 //! * [`network`] — Raft messages between replicas over gRPC, capped by bytes.
 //! * [`proposer`] — group commit: concurrent proposals coalesced into one entry.
 //! * [`gate`] — when reads may be served from the applied state (design §5); leadership changes.
+//! * [`elect`] — a fresh random election timeout for each campaign after a split vote.
 //! * [`ops`] — the operations, free of any transport: reserve with eviction, commit batching,
 //!   reads, removal, segments, membership, the metadata KV, the stats snapshot.
 //! * [`grpc`] — the `Metad` and `Raft` gRPC services: wire ↔ [`ops`], errors → `Status`.
@@ -45,6 +46,7 @@ pub mod clock;
 pub mod command;
 pub mod config;
 pub mod core;
+pub mod elect;
 pub mod error;
 pub mod feed;
 pub mod gate;

@@ -24,6 +24,7 @@ use serde::Serialize;
 use tonic::codegen::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::elect::Outlogged;
 use crate::raft_types::{NodeId, TypeConfig};
 
 /// Format version of Raft payloads.
@@ -56,6 +57,8 @@ pub struct Network {
     pub interceptor: TokenInterceptor,
     pub max_message_bytes: usize,
     pub connect_timeout: Duration,
+    /// Told when a peer refuses this replica's vote for holding a longer log.
+    pub outlogged: Outlogged,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -78,6 +81,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             addr: node.addr.clone(),
             client,
             max_bytes: self.max_message_bytes,
+            outlogged: self.outlogged.clone(),
         }
     }
 }
@@ -87,6 +91,7 @@ pub struct Peer {
     addr: String,
     client: Option<RaftClient<InterceptedService<Channel, TokenInterceptor>>>,
     max_bytes: usize,
+    outlogged: Outlogged,
 }
 
 type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
@@ -200,6 +205,10 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RpcErr> {
-        self.call(Rpc::Vote, &rpc, option.hard_ttl()).await
+        let resp: VoteResponse<NodeId> = self.call(Rpc::Vote, &rpc, option.hard_ttl()).await?;
+        if !resp.vote_granted && resp.last_log_id > rpc.last_log_id {
+            self.outlogged.saw(rpc.vote.leader_id().term);
+        }
+        Ok(resp)
     }
 }

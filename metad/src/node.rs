@@ -88,11 +88,13 @@ impl Node {
         }
         .validate()
         .map_err(|e| Error::Config(format!("raft settings: {e}")))?;
+        let outlogged = crate::elect::Outlogged::default();
         let network = Network {
             interceptor: TokenInterceptor::new(settings.token.as_deref())
                 .map_err(|e| Error::Config(e.to_string()))?,
             max_message_bytes: settings.raft_max_message_bytes,
             connect_timeout: Duration::from_secs(1),
+            outlogged: outlogged.clone(),
         };
         let raft = Raft::new(settings.id, Arc::new(raft_cfg), network, log, sm)
             .await
@@ -112,6 +114,12 @@ impl Node {
         } else if !had_state {
             tracing::info!("empty member without --bootstrap: waiting to be added to a cluster");
         }
+        crate::elect::start(
+            raft.clone(),
+            outlogged,
+            settings.election_timeout_min,
+            settings.election_timeout_max,
+        );
         let metrics = Arc::new(Metrics::new());
         let lease = settings.election_timeout_min;
         let gate = Gate::start(
