@@ -364,3 +364,26 @@ fn the_index_of_a_sidecar_restarted_under_load_converges() {
         assert!(b.batch_exists(chunk).unwrap().iter().all(|x| *x));
     }
 }
+
+#[test]
+fn a_leader_serving_watch_streams_stops_promptly_on_sigterm() {
+    let mut c = Cluster::start(&["16MiB", "16MiB"]);
+    wait_synced(&c, 0);
+    wait_synced(&c, 1);
+    let leader = c.wait_leader(Duration::from_secs(5));
+    let text = regolith_e2e::http_get(&c.metad[leader].http, "/metrics")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    assert_eq!(metric(&text, "regolith_metad_watch_streams "), Some(2.0));
+    let asked = Instant::now();
+    c.metad[leader]
+        .proc
+        .signal(nix::sys::signal::Signal::SIGTERM);
+    wait_until("the leader to exit", Duration::from_secs(10), || {
+        !c.metad[leader].proc.is_running()
+    });
+    eprintln!("stopped {:?} after SIGTERM", asked.elapsed());
+    // The sidecars follow the new leader.
+    c.wait_leader(Duration::from_secs(20));
+    wait_synced(&c, 1);
+}

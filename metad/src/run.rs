@@ -91,6 +91,7 @@ impl Replica {
         let max = settings.raft_max_message_bytes + 64 * 1024;
         let metad = MetadServer::new(MetadService {
             ops: node.ops.clone(),
+            shutdown: shutdown.clone(),
         })
         .max_decoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES);

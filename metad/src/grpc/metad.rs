@@ -19,6 +19,8 @@ use crate::types::{SegmentId, Version};
 
 pub struct MetadService {
     pub ops: Arc<Ops>,
+    /// Ends the `Watch` streams at shutdown (the server's graceful stop waits for them).
+    pub shutdown: regolith_proto::shutdown::Shutdown,
 }
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -113,7 +115,13 @@ impl Metad for MetadService {
         // Fails fast on a follower, before a stream is opened.
         self.ops.leader().await.map_err(status)?;
         let (tx, rx) = tokio::sync::mpsc::channel(8);
-        tokio::spawn(self.ops.clone().watch(r.after_index, r.node_id, tx));
+        let (ops, shutdown) = (self.ops.clone(), self.shutdown.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = ops.watch(r.after_index, r.node_id, tx) => {}
+                _ = shutdown.wait() => {}
+            }
+        });
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx)
             .map(|m| m.map(|m| convert::watch_message(&m)).map_err(status));
         Ok(Response::new(Box::pin(stream)))
