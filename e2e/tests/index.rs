@@ -53,7 +53,7 @@ const GETS_BY_INDEX: &str = "regolith_sidecar_index_answers_total{op=\"get\",sou
 
 #[test]
 fn exists_and_gets_come_from_the_index_and_a_put_is_visible_through_its_own_sidecar_at_once() {
-    let c = Cluster::start(&["64MiB", "64MiB"]);
+    let c = Cluster::start_with(&["64MiB", "64MiB"], &[], &["--index"]);
     wait_synced(&c, 0);
     wait_synced(&c, 1);
     let (a, b) = (c.client(0), c.client(1));
@@ -184,7 +184,7 @@ fn a_read_racing_the_reuse_of_its_extent_returns_a_miss_or_the_right_bytes_never
     let c = Cluster::start_with(
         &["16MiB", "16MiB"],
         &["--lease-ttl", "200ms"],
-        &["--test-hooks"],
+        &["--test-hooks", "--index"],
     );
     wait_synced(&c, 0);
     wait_synced(&c, 1);
@@ -251,7 +251,7 @@ fn a_read_racing_the_reuse_of_its_extent_returns_a_miss_or_the_right_bytes_never
 
 #[test]
 fn a_sidecar_resumes_its_index_after_a_leader_change_without_a_full_resync() {
-    let mut c = Cluster::start(&["64MiB", "64MiB"]);
+    let mut c = Cluster::start_with(&["64MiB", "64MiB"], &[], &["--index"]);
     wait_synced(&c, 1);
     let a = c.client(0);
     let b = c.client(1);
@@ -315,7 +315,7 @@ fn a_sidecar_resumes_its_index_after_a_leader_change_without_a_full_resync() {
 
 #[test]
 fn the_index_of_a_sidecar_restarted_under_load_converges() {
-    let mut c = Cluster::start(&["64MiB", "64MiB"]);
+    let mut c = Cluster::start_with(&["64MiB", "64MiB"], &[], &["--index"]);
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
@@ -367,7 +367,7 @@ fn the_index_of_a_sidecar_restarted_under_load_converges() {
 
 #[test]
 fn a_leader_serving_watch_streams_stops_promptly_on_sigterm() {
-    let mut c = Cluster::start(&["16MiB", "16MiB"]);
+    let mut c = Cluster::start_with(&["16MiB", "16MiB"], &[], &["--index"]);
     wait_synced(&c, 0);
     wait_synced(&c, 1);
     let leader = c.wait_leader(Duration::from_secs(5));

@@ -24,7 +24,7 @@
 //! it, so it is kept here).
 
 use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,9 +56,8 @@ pub fn draw(min: Duration, max: Duration, salt: u64) -> Duration {
     if span == 0 {
         return min;
     }
-    let mut h = RandomState::new().build_hasher();
-    (salt, Instant::now()).hash(&mut h);
-    min + Duration::from_micros(h.finish() % span)
+    let h = RandomState::new().hash_one((salt, Instant::now()));
+    min + Duration::from_micros(h % span)
 }
 
 /// Watches this replica's state; while it is a candidate, runs its election timer (see the

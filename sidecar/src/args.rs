@@ -76,10 +76,11 @@ pub struct Args {
     /// Runtime worker threads (default: one per core).
     #[arg(long, env = "REGOLITH_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
-    /// Do not keep the object index (metadata at the node): every exists and get asks the
-    /// metad leader, as before the index existed.
-    #[arg(long, env = "REGOLITH_NO_INDEX")]
-    pub no_index: bool,
+    /// Keep the object index (metadata at the node): exists and most gets are answered without
+    /// a metad round trip, at the price of cross-node freshness (another node's put or remove
+    /// shows once this node's watch stream brings it; docs/sidecar.md).
+    #[arg(long, env = "REGOLITH_INDEX")]
+    pub index: bool,
     /// Enable test hooks on the metrics port (`POST /debug/close-nic?ip=IP` closes that NIC's
     /// data-plane listener and connections). For tests only.
     #[arg(long, hide = true, env = "REGOLITH_TEST_HOOKS")]
@@ -109,7 +110,7 @@ pub struct FileConfig {
     pub socket_group: Option<String>,
     pub metrics_addr: Option<String>,
     pub drain_on_exit: Option<bool>,
-    pub no_index: Option<bool>,
+    pub index: Option<bool>,
     pub drain_timeout: Option<String>,
     pub staging_size: Option<String>,
     pub max_in_flight: Option<u32>,
@@ -134,7 +135,7 @@ pub struct Settings {
     pub socket_group: Option<String>,
     pub metrics_addr: SocketAddr,
     pub drain_on_exit: bool,
-    /// Keep the object index fed by metad's watch stream (default on).
+    /// Keep the object index fed by metad's watch stream (`--index`, default off).
     pub index: bool,
     pub drain_timeout: Duration,
     pub staging_size: u64,
@@ -332,7 +333,7 @@ impl Args {
             socket_group: self.socket_group.or(file.socket_group),
             metrics_addr,
             drain_on_exit: self.drain_on_exit || file.drain_on_exit.unwrap_or(false),
-            index: !(self.no_index || file.no_index.unwrap_or(false)),
+            index: self.index || file.index.unwrap_or(false),
             drain_timeout: dur(
                 "drain-timeout",
                 self.drain_timeout.or(file.drain_timeout),

@@ -12,10 +12,13 @@
 //! Objects with more than one extent keep their pieces in a side table.
 //!
 //! Read-your-writes: a put or remove this node's clients made is visible at once, before the
-//! stream brings it, as an *override* that holds until the stream reaches that change (a put
-//! until the stream shows the same version; a remove until the stream shows a removal of the
-//! key) or until it is [`OVERRIDE_MS`] old. The stream is in log order, so a change the stream
-//! shows before that point is older than the override and must not undo it.
+//! stream brings it, as an *override* that holds until the stream reaches that change or until
+//! it is [`OVERRIDE_MS`] old. Versions increase with every put, so the stream's changes are
+//! told apart by version: a put override of version `v` ends with the stream's put of `v` or
+//! later, or its removal of `v` or later; a remove override of version `v` ends with the
+//! stream's removal of the key or its put of a later version. The stream may also get there
+//! first (its message can overtake the RPC's reply): what it removed recently is remembered
+//! for [`OVERRIDE_MS`], and an override the stream already passed is not made.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -31,7 +34,9 @@ const CHUNK: usize = 1 << 16;
 /// `Entry::slot` of an object whose pieces live in the side table.
 const MULTI: u32 = u32::MAX;
 /// An override the stream never confirmed expires after this (the stream state then rules).
-pub const OVERRIDE_MS: u64 = 30_000;
+pub const OVERRIDE_MS: u64 = 5_000;
+/// Most stream removals remembered for the race above.
+const RECENT_REMOVALS: usize = 65_536;
 
 /// One object. 64 bytes.
 #[derive(Clone, Copy, Debug)]
@@ -68,7 +73,8 @@ pub struct SegmentInfo {
 #[derive(Clone, Debug)]
 enum Override {
     Put(Placement),
-    Removed,
+    /// The version removed, when this node knew it.
+    Removed(Option<Version>),
 }
 
 /// The index.
@@ -82,6 +88,8 @@ pub struct Index {
     slots: HashMap<(u64, u64), u32>,
     free_slots: Vec<u32>,
     overrides: HashMap<String, (Override, u64)>,
+    /// Keys the stream removed lately: the version removed and when.
+    removed_lately: HashMap<String, (Version, u64)>,
     /// This node removed everything (at this time) and the stream has not shown it yet: the
     /// stream's objects are hidden until it does.
     hidden_since: Option<u64>,
@@ -102,6 +110,7 @@ impl Index {
             slots: HashMap::new(),
             free_slots: Vec::new(),
             overrides: HashMap::new(),
+            removed_lately: HashMap::new(),
             hidden_since: None,
             applied: 0,
         }
@@ -152,7 +161,7 @@ impl Index {
     pub fn contains(&self, key: &str) -> bool {
         match self.overrides.get(key) {
             Some((Override::Put(_), _)) => true,
-            Some((Override::Removed, _)) => false,
+            Some((Override::Removed(_), _)) => false,
             None if self.hidden_since.is_some() => false,
             None => {
                 let (h, c) = self.hash(key);
@@ -165,7 +174,7 @@ impl Index {
     pub fn get(&self, key: &str) -> Option<Placement> {
         match self.overrides.get(key) {
             Some((Override::Put(p), _)) => return Some(p.clone()),
-            Some((Override::Removed, _)) => return None,
+            Some((Override::Removed(_), _)) => return None,
             None if self.hidden_since.is_some() => return None,
             None => {}
         }
@@ -272,34 +281,83 @@ impl Index {
 
     /// The stream's put (an object committed, or its replicas changed).
     pub fn stream_put(&mut self, key: &str, p: &Placement) {
-        if let Some((Override::Put(o), _)) = self.overrides.get(key) {
-            if o.version == p.version {
-                self.overrides.remove(key);
-            }
+        let ends = match self.overrides.get(key) {
+            Some((Override::Put(o), _)) => p.version >= o.version,
+            Some((Override::Removed(Some(v)), _)) => p.version > *v,
+            Some((Override::Removed(None), _)) | None => false,
+        };
+        if ends {
+            self.overrides.remove(key);
         }
         self.upsert(key, p);
     }
 
     /// The stream's removal of a key.
-    pub fn stream_remove(&mut self, key: &str) {
-        if let Some((Override::Removed, _)) = self.overrides.get(key) {
+    pub fn stream_remove(&mut self, key: &str, now_ms: u64) {
+        let gone = self.indexed_version(key);
+        let ends = match self.overrides.get(key) {
+            Some((Override::Removed(_), _)) => true,
+            Some((Override::Put(o), _)) => gone.is_some_and(|g| g >= o.version),
+            None => false,
+        };
+        if ends {
             self.overrides.remove(key);
         }
+        if let Some(v) = gone {
+            if self.removed_lately.len() >= RECENT_REMOVALS {
+                self.removed_lately
+                    .retain(|_, (_, at)| now_ms.saturating_sub(*at) <= OVERRIDE_MS);
+            }
+            if self.removed_lately.len() < RECENT_REMOVALS {
+                self.removed_lately.insert(key.to_string(), (v, now_ms));
+            }
+        }
         self.delete(key);
+    }
+
+    /// The version of `key` this node sees now (overrides first).
+    fn visible_version(&self, key: &str) -> Option<Version> {
+        match self.overrides.get(key) {
+            Some((Override::Put(p), _)) => Some(p.version),
+            Some((Override::Removed(_), _)) => None,
+            None => self.indexed_version(key),
+        }
     }
 
     // ------------------------------------------------------------------ this node's writes
 
     /// A put this node's client made was acknowledged.
     pub fn local_put(&mut self, key: &str, p: Placement, now_ms: u64) {
+        let passed = self.indexed_version(key).is_some_and(|v| v >= p.version)
+            || self
+                .removed_lately
+                .get(key)
+                .is_some_and(|(v, _)| *v >= p.version);
+        if passed {
+            // The stream showed this put (and maybe its removal) already.
+            self.overrides.remove(key);
+            return;
+        }
         self.overrides
             .insert(key.to_string(), (Override::Put(p), now_ms));
     }
 
     /// A remove this node's client made found and removed the key.
     pub fn local_remove(&mut self, key: &str, now_ms: u64) {
-        self.overrides
-            .insert(key.to_string(), (Override::Removed, now_ms));
+        match self.visible_version(key) {
+            Some(v) => {
+                self.overrides
+                    .insert(key.to_string(), (Override::Removed(Some(v)), now_ms));
+            }
+            // Nothing visible: the stream removed it already, or never showed it.
+            None if self.removed_lately.contains_key(key) => {
+                self.overrides.remove(key);
+            }
+            None => {
+                self.overrides
+                    .insert(key.to_string(), (Override::Removed(None), now_ms));
+            }
+        }
     }
 
     /// A remove-all this node's client made succeeded: nothing the stream showed before it
@@ -319,11 +377,13 @@ impl Index {
             self.hidden_since = None;
         }
         let mut confirmed = Vec::new();
+        self.removed_lately
+            .retain(|_, (_, at)| now_ms.saturating_sub(*at) <= OVERRIDE_MS);
         for (k, (o, at)) in &self.overrides {
             let old = now_ms.saturating_sub(*at) > OVERRIDE_MS;
             let shown = match o {
-                Override::Put(p) => self.indexed_version(k) == Some(p.version),
-                Override::Removed => false,
+                Override::Put(p) => self.indexed_version(k).is_some_and(|v| v >= p.version),
+                Override::Removed(_) => false,
             };
             if old || shown {
                 confirmed.push(k.clone());
@@ -525,7 +585,7 @@ mod tests {
         assert_eq!(ix.get("one"), Some(one.clone()));
         assert_eq!(ix.get("many"), Some(many));
         assert!(ix.contains("one") && !ix.contains("other"));
-        ix.stream_remove("many");
+        ix.stream_remove("many", 0);
         assert_eq!(ix.get("many"), None);
         assert_eq!(ix.get("one"), Some(one));
         assert!(ix.multi.is_empty());
@@ -551,7 +611,7 @@ mod tests {
             ix.stream_put(&format!("key-{i}"), &placement(i, &[1], &[(i * 10, 10)]));
         }
         for i in (0..n).step_by(3) {
-            ix.stream_remove(&format!("key-{i}"));
+            ix.stream_remove(&format!("key-{i}"), 0);
         }
         for i in 0..n {
             let got = ix.get(&format!("key-{i}"));
@@ -576,7 +636,7 @@ mod tests {
         ix.local_put("k", newer.clone(), 1);
         assert_eq!(ix.get("k"), Some(newer.clone()), "read-your-write");
         // The stream catches up in log order: the old removal must not hide the new put...
-        ix.stream_remove("k");
+        ix.stream_remove("k", 0);
         assert_eq!(ix.get("k"), Some(newer.clone()));
         // ...and once it shows the new put the override is done.
         ix.stream_put("k", &newer);
@@ -590,7 +650,7 @@ mod tests {
         ix.local_remove("k", 0);
         ix.stream_put("k", &placement(1, &[1], &[(0, 10)]));
         assert!(!ix.contains("k"));
-        ix.stream_remove("k");
+        ix.stream_remove("k", 0);
         assert_eq!(ix.overrides(), 0);
         // A later put by anyone shows again.
         ix.stream_put("k", &placement(2, &[1], &[(0, 10)]));
@@ -631,6 +691,48 @@ mod tests {
         assert_eq!(ix.overrides(), 0);
         assert_eq!(ix.get("after"), Some(after));
         assert_eq!(ix.len(), 1);
+    }
+
+    #[test]
+    fn a_stream_that_overtakes_the_reply_leaves_no_override_behind() {
+        let mut ix = index();
+        let v1 = placement(1, &[1], &[(0, 10)]);
+        // The stream shows the put and its removal by another node before this node's put is
+        // acknowledged: no override may resurrect it.
+        ix.stream_put("k", &v1);
+        ix.stream_remove("k", 0);
+        ix.local_put("k", v1.clone(), 1);
+        assert!(!ix.contains("k"));
+        assert_eq!(ix.overrides(), 0);
+        // This node's remove, whose removal the stream showed first: a later put by another
+        // node must show.
+        ix.stream_put("j", &v1);
+        ix.stream_remove("j", 2);
+        ix.local_remove("j", 3);
+        ix.stream_put("j", &placement(2, &[1], &[(0, 10)]));
+        assert!(ix.contains("j"));
+    }
+
+    #[test]
+    fn overrides_end_with_newer_versions_from_the_stream() {
+        let mut ix = index();
+        // A remove override of version 1 ends with a put of version 2 by anyone.
+        ix.stream_put("k", &placement(1, &[1], &[(0, 10)]));
+        ix.local_remove("k", 0);
+        ix.stream_put("k", &placement(1, &[1], &[(0, 10)]));
+        assert!(!ix.contains("k"), "the older put is hidden");
+        let v2 = placement(2, &[1], &[(0, 10)]);
+        ix.stream_put("k", &v2);
+        assert_eq!(ix.get("k"), Some(v2));
+        assert_eq!(ix.overrides(), 0);
+        // A put override of version 3 ends when the stream removes version 3.
+        let v3 = placement(3, &[1], &[(20, 10)]);
+        ix.local_put("p", v3.clone(), 0);
+        ix.stream_put("p", &v3);
+        ix.local_put("p", v3.clone(), 0);
+        ix.stream_remove("p", 0);
+        assert!(!ix.contains("p"));
+        assert_eq!(ix.overrides(), 0);
     }
 
     #[test]

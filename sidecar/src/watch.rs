@@ -151,9 +151,10 @@ impl NodeIndex {
     /// The indexed placement of `key` did not verify: drop it if it still is that version (the
     /// stream will bring whatever replaced it).
     pub fn forget(&self, key: &str, version: Version) {
+        let now = self.now_ms();
         let mut ix = self.index.write();
         if ix.get(key).is_some_and(|p| p.version == version) {
-            ix.stream_remove(key);
+            ix.stream_remove(key, now);
         }
     }
 
@@ -199,7 +200,7 @@ impl NodeIndex {
             Kind::SnapshotEnd => {}
         }
         for c in m.changes {
-            apply_change(&mut ix, c);
+            apply_change(&mut ix, c, now);
         }
         match kind {
             Kind::SnapshotEnd => {
@@ -253,7 +254,7 @@ fn replica_of(r: mpb::Replica) -> Replica {
     }
 }
 
-fn apply_change(ix: &mut Index, c: mpb::WatchChange) {
+fn apply_change(ix: &mut Index, c: mpb::WatchChange, now_ms: u64) {
     use mpb::watch_change::Change as C;
     match c.change {
         Some(C::Put(o)) => {
@@ -266,7 +267,7 @@ fn apply_change(ix: &mut Index, c: mpb::WatchChange) {
             };
             ix.stream_put(&o.key, &p);
         }
-        Some(C::Removed(k)) => ix.stream_remove(&k),
+        Some(C::Removed(k)) => ix.stream_remove(&k, now_ms),
         Some(C::SegmentUp(s)) => ix.segment_up(SegmentInfo {
             node_id: s.node_id,
             generation: s.generation,
