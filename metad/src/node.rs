@@ -141,6 +141,7 @@ impl Node {
             metrics,
             clock,
             applied,
+            max_entry_bytes: settings.max_entry_bytes,
         });
         Ok(Arc::new(Node {
             settings,

@@ -58,6 +58,8 @@ pub struct Ops {
     pub clock: Clock,
     /// The last applied index (the state machine sends it after every entry).
     pub applied: tokio::sync::watch::Receiver<u64>,
+    /// `--max-entry-bytes`: large batches are split below it.
+    pub max_entry_bytes: usize,
 }
 
 /// One member of the Raft group.

@@ -47,6 +47,7 @@ pub async fn sizes(store: &Store, keys: Vec<String>) -> Outcome<Vec<(Outcome<()>
 
 /// Removes `keys`; one outcome per key.
 pub async fn remove(store: &Store, keys: Vec<String>) -> Outcome<Vec<Outcome<()>>> {
+    check_count(keys.len())?;
     let removed = store
         .metad
         .remove(keys.clone())
