@@ -35,6 +35,26 @@ pub fn regolith_bin() -> PathBuf {
     bins::require(bins::CLI)
 }
 
+/// A current-thread runtime for the tests' async calls (metad clients).
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Polls `f` every 20 ms until it holds; panics naming `what` after `timeout`.
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
 /// The value the tests put under `key`: bytes derived from the key, so any byte read can be
 /// traced to the key that wrote it.
 pub fn value(key: &str, len: usize) -> Vec<u8> {

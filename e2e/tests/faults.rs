@@ -9,28 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use regolith_client::{Error, ReplicateConfig};
-use regolith_e2e::{metric, value, Cluster};
+use regolith_e2e::{metric, rt, value, wait_until, Cluster};
 use regolith_proto::metad as mpb;
 
 const CLIENT: &str = env!("CARGO_BIN_EXE_e2e-client");
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + timeout;
-    while Instant::now() < end {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out after {timeout:?} waiting for {what}");
-}
 
 #[test]
 fn sidecar_kill_keeps_replicated_objects_and_never_returns_wrong_bytes() {

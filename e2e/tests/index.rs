@@ -8,25 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use regolith_client::{Client, Error, ReplicateConfig};
-use regolith_e2e::{http_post, metric, value, Cluster};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + timeout;
-    while Instant::now() < end {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("timed out after {timeout:?} waiting for {what}");
-}
+use regolith_e2e::{http_post, metric, rt, value, wait_until, Cluster};
 
 fn sidecar_metric(c: &Cluster, i: usize, name: &str) -> f64 {
     metric(&c.sidecar_metrics(i), name).unwrap_or(0.0)

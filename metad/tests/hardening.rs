@@ -408,7 +408,9 @@ fn finding_3_a_remove_of_many_large_keys_never_makes_an_entry_above_the_message_
     let term = c.status(leader).unwrap()["term"].as_u64().unwrap();
     let keys: Vec<String> = (0..20_000).map(big_key).collect();
     let started = std::time::Instant::now();
-    let r = rt.block_on(client.remove(keys)).expect("the remove is answered");
+    let r = rt
+        .block_on(client.remove(keys))
+        .expect("the remove is answered");
     eprintln!("removed 20,000 keys of 1 KB in {:?}", started.elapsed());
     assert_eq!(r.codes.len(), 20_000);
     let found: Vec<usize> = r

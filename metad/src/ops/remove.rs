@@ -35,7 +35,10 @@ impl Ops {
         self.check_keys(&keys)?;
         self.leader().await?;
         let runs = chunks_by_bytes(keys, (self.max_entry_bytes / 2).max(1));
-        let cmds = runs.into_iter().map(|keys| Command::Remove { keys }).collect();
+        let cmds = runs
+            .into_iter()
+            .map(|keys| Command::Remove { keys })
+            .collect();
         let mut found = Vec::new();
         for out in self.proposer.propose_all(cmds).await {
             match out? {
