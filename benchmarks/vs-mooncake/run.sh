@@ -3,7 +3,7 @@
 # Mooncake Store's wheel and through Regolith's drop-in, in one run, with the ratios and the
 # machine's ceilings. See README.md beside this file.
 #
-#   benchmarks/vs-mooncake/run.sh [--json] [--quick] [--duration S] [--filter MODE/SIZE/OP,...]
+#   benchmarks/vs-mooncake/run.sh [--json] [--quick] [--index] [--duration S] [--filter MODE/SIZE/OP,...]
 #
 # Needs root (a network namespace of its own) and PyPI (Mooncake's wheel, maturin, numpy).
 # Builds what it needs in $CARGO_TARGET_DIR (default: the repository's target/): the release
@@ -15,19 +15,20 @@ root="$(cd "$here/../.." && pwd)"
 cd "$root"
 
 MOONCAKE_VERSION="${MOONCAKE_VERSION:-0.3.13.post1}"
-json="" duration=2 filter=""
+json="" duration=2 filter="" index=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --json) json="--json" ;;
     --quick) duration=0.3 ;;
     --duration) duration="$2"; shift ;;
     --filter) filter="$2"; shift ;;
+    --index) index="--index" ;;
     -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
-command="benchmarks/vs-mooncake/run.sh${json:+ --json}${filter:+ --filter $filter} (duration $duration s per row)"
+command="benchmarks/vs-mooncake/run.sh${json:+ --json}${index:+ --index}${filter:+ --filter $filter} (duration $duration s per row)"
 
 say() { printf '\n== %s (%s)\n' "$1" "$(date +%T)" >&2; }
 [ "$(id -u)" = 0 ] || { echo "run.sh needs root: it makes a network namespace (ip netns)" >&2; exit 2; }
@@ -80,4 +81,4 @@ if [ -n "$commit" ] && ! git diff --quiet HEAD 2>/dev/null; then commit="$commit
 say "the benchmark ($duration s per row; logs in $logdir)"
 ip netns exec "$ns" python3 "$here/driver.py" --target "$CARGO_TARGET_DIR" \
   --mooncake-venv "$mc_venv" --regolith-venv "$rg_venv" --logdir "$logdir" \
-  --duration "$duration" --filter "$filter" --commit "$commit" --command "$command" $json
+  --duration "$duration" --filter "$filter" --commit "$commit" --command "$command" $json $index

@@ -176,6 +176,10 @@ pub struct UpArgs {
     /// How long each process may take to stop after SIGTERM before it is killed
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = duration)]
     pub stop_timeout: Duration,
+    /// Start the sidecars with their object index (`regolith-sidecar --index`: exists and most
+    /// gets without a metad round trip; see docs/sidecar.md for what it trades)
+    #[arg(long)]
+    pub index: bool,
 }
 
 #[derive(Args, Debug, Clone)]

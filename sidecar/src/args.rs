@@ -79,7 +79,7 @@ pub struct Args {
     /// Keep the object index (metadata at the node): exists and most gets are answered without
     /// a metad round trip, at the price of cross-node freshness (another node's put or remove
     /// shows once this node's watch stream brings it; docs/sidecar.md).
-    #[arg(long, env = "REGOLITH_INDEX")]
+    #[arg(long, env = "REGOLITH_INDEX", value_parser = clap::builder::BoolishValueParser::new())]
     pub index: bool,
     /// Enable test hooks on the metrics port (`POST /debug/close-nic?ip=IP` closes that NIC's
     /// data-plane listener and connections). For tests only.
@@ -367,6 +367,13 @@ mod tests {
         regolith_proto::daemon::parse_argv::<Args>(argv.map(String::from))
             .map_err(|e| Error::Config(e.to_string()))?
             .resolve()
+    }
+
+    #[test]
+    fn the_index_is_off_unless_asked_for() {
+        let m = ["--metad", "127.0.0.1:50051"];
+        assert!(!parse(&m).unwrap().index);
+        assert!(parse(&[m[0], m[1], "--index"]).unwrap().index);
     }
 
     #[test]

@@ -261,6 +261,8 @@ struct Up {
     token_file: PathBuf,
     bins: Binaries,
     segment_size: u64,
+    /// `--index` for every sidecar.
+    index: bool,
     ready_timeout: Duration,
     stop_timeout: Duration,
     /// -v for the children when `regolith -vv up`.
@@ -288,6 +290,7 @@ impl Up {
             token_file,
             bins,
             segment_size: args.segment_size,
+            index: args.index,
             ready_timeout: args.ready_timeout,
             stop_timeout: args.stop_timeout,
             child_verbose: u8::from(verbose >= 2),
@@ -412,6 +415,11 @@ impl Up {
                 socket: Some(self.socket(&s.name)),
                 metrics_addr: Some(s.metrics.to_string()),
                 verbose: self.child_verbose,
+                extra: if self.index {
+                    vec!["--index".into()]
+                } else {
+                    vec![]
+                },
                 ..SidecarLaunch::default()
             };
             tracing::info!(name = %s.name, socket = %self.socket(&s.name).display(), "starting sidecar");
@@ -763,6 +771,7 @@ mod tests {
                 sidecar_bin: None,
                 ready_timeout: Duration::from_secs(1),
                 stop_timeout: Duration::from_secs(1),
+                index: false,
             },
             0,
         );
