@@ -122,18 +122,10 @@ impl Core {
 /// What a watcher learns of one effect (read right after the command that caused it).
 fn change_of(sm: &StateMachine, e: &Effect) -> Option<Change> {
     match e {
-        Effect::Committed { key, .. } | Effect::Shrunk { key } => {
-            let o = sm.object(key)?;
-            Some(Change::Put {
-                key: key.clone(),
-                obj: FeedObject {
-                    size: o.size,
-                    checksum: o.checksum,
-                    version: o.version,
-                    replicas: o.replicas.to_vec(),
-                },
-            })
-        }
+        Effect::Committed { key, .. } | Effect::Shrunk { key } => Some(Change::Put {
+            key: key.clone(),
+            obj: FeedObject::of(sm.object(key)?),
+        }),
         Effect::Removed { key } => Some(Change::Removed { key: key.clone() }),
         Effect::Mounted { segment } => {
             let s = sm.segment(segment)?;

@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::types::{Replica, SegmentId, Version};
+use crate::types::{Object, Replica, SegmentId, Version};
 
 /// One object as a watcher indexes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +23,17 @@ pub struct FeedObject {
     pub checksum: u64,
     pub version: Version,
     pub replicas: Vec<Replica>,
+}
+
+impl FeedObject {
+    pub fn of(o: &Object) -> Self {
+        FeedObject {
+            size: o.size,
+            checksum: o.checksum,
+            version: o.version,
+            replicas: o.replicas.to_vec(),
+        }
+    }
 }
 
 /// One change to the index a watcher keeps.

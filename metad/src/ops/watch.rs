@@ -102,7 +102,11 @@ impl Ops {
             // Marks the current apply as seen before reading the feed, so that `changed` wakes
             // for any apply after this read.
             applied.borrow_and_update();
-            let since = self.core.lock().feed().since(at, MAX_CHANGES_PER_MESSAGE);
+            let (since, applied_now) = {
+                let core = self.core.lock();
+                let feed = core.feed();
+                (feed.since(at, MAX_CHANGES_PER_MESSAGE), feed.last())
+            };
             match since {
                 Since::TooOld => step = Step::Resync,
                 Since::Ahead => {
@@ -120,7 +124,6 @@ impl Ops {
                         .iter()
                         .flat_map(|(_, c)| c.iter().cloned())
                         .collect();
-                    let applied_now = self.core.lock().feed().last();
                     if !idle || upto != at {
                         send(tx, Kind::Changes, upto, changes, applied_now, term).await?;
                     }
@@ -162,12 +165,7 @@ impl Ops {
                     .objects_in_shard(shard)
                     .map(|(k, o)| Change::Put {
                         key: k.to_string(),
-                        obj: crate::feed::FeedObject {
-                            size: o.size,
-                            checksum: o.checksum,
-                            version: o.version,
-                            replicas: o.replicas.to_vec(),
-                        },
+                        obj: crate::feed::FeedObject::of(o),
                     })
                     .collect()
             };
