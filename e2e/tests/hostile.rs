@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use prost::Message;
@@ -370,4 +371,53 @@ fn finding_10_remove_all_with_a_garbage_body_removes_nothing() {
     )
     .unwrap();
     assert!(c.client(1).get("after").unwrap() == value("after", 100_000));
+}
+
+/// Every file and directory under `dir` (itself included), with its permission bits.
+fn modes_under(dir: &Path) -> Vec<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let Ok(md) = std::fs::symlink_metadata(&p) else {
+            continue; // removed meanwhile (a sled temp file)
+        };
+        out.push((p.clone(), md.permissions().mode() & 0o777));
+        if md.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                todo.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    out
+}
+
+/// Finding 12 (issue 14): sled files were 0644 in 0755 directories (any local user could read
+/// the metadata KV from the database), and the socket was made 0660 only after bind.
+#[test]
+fn finding_12_daemon_files_are_private_and_the_socket_is_0660() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::start(&["64MiB"]);
+    let good = c.client(0);
+    good.put("kept", &value("kept", 100_000), &ReplicateConfig::default())
+        .unwrap();
+    let mut checked = 0;
+    let dirs = c
+        .metad
+        .iter()
+        .map(|m| m.dir.clone())
+        .chain(std::iter::once(c.sidecars[0].state_dir.clone()));
+    for dir in dirs {
+        let modes = modes_under(&dir);
+        assert!(modes.len() > 1 || dir == c.sidecars[0].state_dir, "{dir:?} is empty");
+        assert_eq!(modes[0].1, 0o700, "{dir:?}");
+        for (p, mode) in &modes {
+            assert_eq!(mode & 0o077, 0, "{p:?} has mode {mode:o}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 10, "only {checked} paths checked");
+    let sock = std::fs::metadata(c.socket(0)).unwrap().permissions().mode() & 0o777;
+    assert_eq!(sock, 0o660, "socket mode {sock:o}");
+    assert!(good.get("kept").unwrap() == value("kept", 100_000));
 }

@@ -229,6 +229,23 @@ pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
     Ok(out)
 }
 
+/// Where listeners bind when not told: loopback, so a daemon started without flags is not on
+/// the network (finding 13 of the hardening review). Operators name the interface.
+pub const LOOPBACK: &str = "127.0.0.1";
+
+/// The gRPC listener's default: port 50051 on the IP of this replica's advertised address (its
+/// `--advertise`, else its `--peers` entry) when that is an IP literal, else loopback. Host
+/// names are not resolved here (a resolver may hang at startup): give `--listen` with them.
+fn default_listen(advertised: Option<&str>) -> SocketAddr {
+    let ip = advertised
+        .and_then(|a| regolith_proto::client::parse_addrs(a).ok())
+        .and_then(|list| list.into_iter().next())
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .map(|sa| sa.ip())
+        .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
+    SocketAddr::new(ip, 50051)
+}
+
 fn sock(flag: &str, v: &str) -> Result<SocketAddr> {
     v.parse()
         .map_err(|_| Error::Config(format!("--{flag} {v:?}: expected IP:PORT")))
@@ -268,16 +285,14 @@ impl Args {
         if id == 0 {
             return Err(Error::Config("--id must be positive".into()));
         }
-        let listen = sock(
-            "listen",
-            &self
-                .listen
-                .or(file.listen)
-                .unwrap_or_else(|| "0.0.0.0:50051".into()),
-        )?;
         let peers = match self.peers.or(file.peers) {
             Some(p) => parse_peers(&p)?,
             None => BTreeMap::new(),
+        };
+        let advertise_flag = self.advertise.or(file.advertise);
+        let listen = match self.listen.or(file.listen) {
+            Some(l) => sock("listen", &l)?,
+            None => default_listen(advertise_flag.as_deref().or(peers.get(&id).map(|s| s.as_str()))),
         };
         let bootstrap = self.bootstrap || file.bootstrap.unwrap_or(false);
         if bootstrap && !peers.contains_key(&id) {
@@ -285,9 +300,7 @@ impl Args {
                 "--bootstrap needs --peers to include this replica (id {id})"
             )));
         }
-        let advertise = self
-            .advertise
-            .or(file.advertise)
+        let advertise = advertise_flag
             .or_else(|| peers.get(&id).cloned())
             .unwrap_or_else(|| listen.to_string());
         let data_dir = self
@@ -299,7 +312,7 @@ impl Args {
             &self
                 .metrics_addr
                 .or(file.metrics_addr)
-                .unwrap_or_else(|| "0.0.0.0:9003".into()),
+                .unwrap_or_else(|| format!("{LOOPBACK}:9003")),
         )?;
         let token = match self.cluster_token_file.or(file.cluster_token_file) {
             Some(p) => Some(
@@ -316,7 +329,7 @@ impl Args {
                 &self
                     .http_metadata_addr
                     .or(file.http_metadata_addr)
-                    .unwrap_or_else(|| "0.0.0.0:8080".into()),
+                    .unwrap_or_else(|| format!("{LOOPBACK}:8080")),
             )?)
         } else {
             None
@@ -483,8 +496,8 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(s.advertise, "127.0.0.1:2");
-        assert_eq!(s.listen.port(), 50051);
-        assert_eq!(s.metrics_addr.port(), 9003);
+        assert_eq!(s.listen.to_string(), "127.0.0.1:50051");
+        assert_eq!(s.metrics_addr.to_string(), "127.0.0.1:9003");
         assert_eq!(s.verbose, 2);
         assert!(s.http_metadata_addr.is_none());
         let s = parse(&[
@@ -495,8 +508,31 @@ mod tests {
             "2s",
         ])
         .unwrap();
-        assert_eq!(s.http_metadata_addr.unwrap().port(), 8080);
+        assert_eq!(s.http_metadata_addr.unwrap().to_string(), "127.0.0.1:8080");
         assert_eq!(s.cache.lease_ttl_ms, 2000);
+    }
+
+    /// Finding 13 (issue 14): standalone daemons bound every interface by default.
+    #[test]
+    fn finding_13_listeners_default_to_loopback_or_the_advertised_ip() {
+        let s = parse(&["--id", "1"]).unwrap();
+        for (what, a) in [
+            ("grpc", s.listen),
+            ("metrics", s.metrics_addr),
+        ] {
+            assert!(a.ip().is_loopback(), "{what} listens on {a}");
+        }
+        let s = parse(&["--id", "1", "--enable-http-metadata-server"]).unwrap();
+        assert!(s.http_metadata_addr.unwrap().ip().is_loopback());
+        let s = parse(&["--id", "2", "--peers", "1=10.1.0.1:50051,2=10.1.0.2:50051"]).unwrap();
+        assert_eq!(s.listen.to_string(), "10.1.0.2:50051");
+        assert!(s.metrics_addr.ip().is_loopback());
+        let s = parse(&["--id", "2", "--advertise", "10.9.0.2:7000"]).unwrap();
+        assert_eq!(s.listen.to_string(), "10.9.0.2:50051");
+        let s = parse(&["--id", "2", "--advertise", "metad-2.svc:50051"]).unwrap();
+        assert_eq!(s.listen.to_string(), "127.0.0.1:50051");
+        let s = parse(&["--id", "2", "--listen", "0.0.0.0:6000"]).unwrap();
+        assert_eq!(s.listen.to_string(), "0.0.0.0:6000");
     }
 
     #[test]

@@ -45,10 +45,13 @@ impl Node {
     /// The caller binds its listeners before (`run::Listeners`).
     pub async fn start(settings: Settings) -> Result<Arc<Node>> {
         let dir = settings.data_dir.clone();
-        std::fs::create_dir_all(&dir).map_err(|e| Error::Io {
-            what: format!("data dir {}", dir.display()),
+        let widened = regolith_proto::daemon::private_dir(&dir).map_err(|e| Error::Io {
+            what: format!("data dir {} (create, mode 0700)", dir.display()),
             source: e,
         })?;
+        if widened {
+            tracing::warn!(dir = %dir.display(), "data dir was readable by others: now 0700");
+        }
         let storage_err = |e: regolith_raft_log::Error| Error::Storage {
             path: dir.display().to_string(),
             reason: e.to_string(),

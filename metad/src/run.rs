@@ -60,12 +60,38 @@ impl Listeners {
                 what: format!("gRPC listen {}", settings.listen),
                 source: e,
             })?;
+        warn_if_unreachable(settings);
         let metrics = crate::http::bind(settings.metrics_addr, "metrics").await?;
         let kv = match settings.http_metadata_addr {
             Some(addr) => Some(crate::http::bind(addr, "http metadata").await?),
             None => None,
         };
         Ok(Self { grpc, metrics, kv })
+    }
+}
+
+/// Listeners default to loopback; a replica that advertises another host but listens on
+/// loopback cannot be reached by its peers, which deserves a line in the log, not silence.
+fn warn_if_unreachable(settings: &Settings) {
+    let host = settings
+        .advertise
+        .rsplit_once(':')
+        .map_or(settings.advertise.as_str(), |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let advertised_loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if settings.listen.ip().is_loopback() && !advertised_loopback {
+        tracing::warn!(
+            listen = %settings.listen,
+            advertise = %settings.advertise,
+            "gRPC listens on loopback only but advertises another host: peers and clients \
+             elsewhere cannot reach it (give --listen)"
+        );
+    }
+    if settings.token.is_none() && !settings.listen.ip().is_loopback() {
+        tracing::warn!(listen = %settings.listen, "no --cluster-token-file: anyone who reaches this address may act as a client or a Raft peer");
     }
 }
 

@@ -275,7 +275,7 @@ impl Args {
         let metrics_addr: SocketAddr = self
             .metrics_addr
             .or(file.metrics_addr)
-            .unwrap_or_else(|| "0.0.0.0:9300".into())
+            .unwrap_or_else(|| "127.0.0.1:9300".into())
             .parse()
             .map_err(|_| cfg("--metrics-addr: expected IP:PORT".into()))?;
         let staging_size = size(
@@ -389,7 +389,7 @@ mod tests {
         assert_eq!(s.segment_size, 2 << 30);
         assert_eq!(s.metad, vec!["127.0.0.1:50051".to_string()]);
         assert_eq!(s.data_port, 7600);
-        assert_eq!(s.metrics_addr.port(), 9300);
+        assert_eq!(s.metrics_addr.to_string(), "127.0.0.1:9300", "finding 13: loopback by default");
         assert_eq!(s.verbose, 1);
         assert_eq!(s.socket, PathBuf::from("/run/regolith/sidecar.sock"));
         let s = parse(&[

@@ -55,7 +55,8 @@ pub fn load(dir: &Path, node_name: &str) -> Result<Option<NodeState>> {
 /// Saves atomically (temp file, fsync, rename).
 pub fn save(dir: &Path, st: &NodeState) -> Result<()> {
     use std::io::Write;
-    std::fs::create_dir_all(dir).map_err(|e| err(dir, format!("cannot create: {e}")))?;
+    regolith_proto::daemon::private_dir(dir)
+        .map_err(|e| err(dir, format!("cannot create (mode 0700): {e}")))?;
     let p = path(dir);
     let tmp = dir.join("node.json.tmp");
     let body = serde_json::to_vec_pretty(st).map_err(|e| err(&p, e.to_string()))?;

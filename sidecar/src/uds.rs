@@ -58,8 +58,15 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener> {
         reason,
     };
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| serr(format!("cannot create its directory: {e}")))?;
+        if !dir.as_os_str().is_empty() && !dir.exists() {
+            // The daemon's umask would make it 0700; clients of the socket's group must be able
+            // to reach the socket (which is what guards access: 0660).
+            std::fs::create_dir_all(dir)
+                .and_then(|()| {
+                    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+                })
+                .map_err(|e| serr(format!("cannot create its directory: {e}")))?;
+        }
     }
     match std::os::unix::net::UnixStream::connect(path) {
         Ok(_) => return Err(serr("another sidecar is serving this socket".into())),
@@ -71,16 +78,24 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener> {
             }
         }
     }
+    // The daemon's umask (0077) makes the socket owner-only at bind; the group is set before
+    // the mode is widened, so there is no moment where the wrong group may connect.
+    let gid = match group {
+        Some(g) => Some(
+            nix::unistd::Group::from_name(g)
+                .map_err(|e| serr(format!("looking up group {g:?}: {e}")))?
+                .ok_or_else(|| serr(format!("no group named {g:?}")))?
+                .gid,
+        ),
+        None => None,
+    };
     let listener = UnixListener::bind(path).map_err(|e| serr(format!("bind: {e}")))?;
+    if let Some(gid) = gid {
+        nix::unistd::chown(path, None, Some(gid))
+            .map_err(|e| serr(format!("chown to group {gid}: {e}")))?;
+    }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
         .map_err(|e| serr(format!("chmod 0660: {e}")))?;
-    if let Some(g) = group {
-        let grp = nix::unistd::Group::from_name(g)
-            .map_err(|e| serr(format!("looking up group {g:?}: {e}")))?
-            .ok_or_else(|| serr(format!("no group named {g:?}")))?;
-        nix::unistd::chown(path, None, Some(grp.gid))
-            .map_err(|e| serr(format!("chown to group {g:?}: {e}")))?;
-    }
     Ok(listener)
 }
 
