@@ -421,3 +421,92 @@ fn finding_12_daemon_files_are_private_and_the_socket_is_0660() {
     assert_eq!(sock, 0o660, "socket mode {sock:o}");
     assert!(good.get("kept").unwrap() == value("kept", 100_000));
 }
+
+/// Finding 6 (issue 14): a local client could make the sidecar use unbounded memory: replies a
+/// client never read were not bounded (300,000 small requests added 814 MiB), and a 4-byte
+/// length prefix made the decoder reserve up to 64 MiB before hello, with no read timeout
+/// (40 stalled connections: +1.29 GiB).
+#[test]
+fn finding_6_clients_that_stall_or_never_read_cost_bounded_memory() {
+    let c = Cluster::start(&["64MiB"]);
+    let good = c.client(0);
+    good.put("kept", &value("kept", 100_000), &ReplicateConfig::default())
+        .unwrap();
+    let pid = c.sidecars[0].proc.pid().unwrap();
+    let sock = c.socket(0);
+    let rss0 = rss_kib(pid);
+
+    // 40 connections announcing a frame (before hello) and sending nothing more: half a
+    // 64 MiB one (above what may come before hello: closed at once), half one of 60 KB.
+    let mut stalled = Vec::new();
+    let mut oversized = Vec::new();
+    for i in 0..40 {
+        let mut s = UnixStream::connect(sock).unwrap();
+        let len: u32 = if i % 2 == 0 { (64 << 20) - 1 } else { 60 << 10 };
+        s.write_all(&len.to_le_bytes()).unwrap();
+        if i % 2 == 0 {
+            oversized.push(s);
+        } else {
+            stalled.push(s);
+        }
+    }
+    // And one client that says hello, then pipelines requests without reading any reply.
+    let mut flood = UnixStream::connect(sock).unwrap();
+    flood.write_all(&hello_frame()).unwrap();
+    let body = pb::KeysRequest {
+        keys: vec!["absent".into()],
+    }
+    .encode_to_vec();
+    let frame = frame::encode_to_vec(Op::Exists as u16, 7, &body).unwrap();
+    flood.set_nonblocking(true).unwrap();
+    let mut sent = 0usize;
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        match flood.write(&frame) {
+            Ok(n) if n == frame.len() => sent += 1,
+            Ok(_) => break, // a partial write: the socket is full, the frame is cut
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("flood: {e}"),
+        }
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let grown = rss_kib(pid).saturating_sub(rss0);
+    eprintln!("{sent} unread requests of {} bytes sent; RSS grew {grown} KiB", frame.len());
+    // The sidecar stops reading once --max-in-flight replies wait to be read: what is not read
+    // stays in the socket's buffer, so the writer soon blocks (before, it read on and built
+    // replies for every request).
+    assert!(sent < 200_000, "{sent} requests were taken in without replies being read");
+    assert!(grown < 128 * 1024, "RSS grew {grown} KiB");
+
+    for s in &mut oversized {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = Vec::new();
+        assert!(
+            s.read_to_end(&mut buf).is_ok(),
+            "a 64 MiB frame before hello was not refused at once"
+        );
+    }
+    // The stalled connections are closed after the hello timeout (10 s).
+    let first = &mut stalled[0];
+    first
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let _ = first.read_to_end(&mut buf);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "a connection without hello stayed open"
+    );
+    let replies = frames(&buf);
+    assert!(
+        replies.iter().any(|f| f.opcode == Op::Error as u16),
+        "no error frame for the missing hello"
+    );
+    drop(flood);
+    assert!(good.get("kept").unwrap() == value("kept", 100_000));
+    let m = c.sidecar_metrics(0);
+    assert!(regolith_e2e::metric(&m, "regolith_sidecar_uds_bad_requests_total").unwrap() >= 40.0);
+}

@@ -8,7 +8,6 @@
 //! forwards it to the leader over one kept gRPC client (which follows redirects and retries
 //! across elections), as does a leader that lost its office during the call.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -16,10 +15,8 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use prometheus::IntCounter;
 use regolith_proto::client::{ClientConfig, MetadClient};
 use regolith_proto::shutdown::Shutdown;
 use tokio::net::TcpListener;
@@ -56,10 +53,13 @@ pub async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener> {
     })
 }
 
-/// Accepts connections on `listener` until shutdown, serving each with `handle`.
+/// Accepts connections on `listener` until shutdown, serving each with `handle`
+/// ([`regolith_proto::httpd::serve`]: a connection cap, header timeout, accept back-off);
+/// connections refused at the cap are counted under `listener`'s label.
 fn serve<F, Fut>(
     listener: TcpListener,
     what: &'static str,
+    refused: IntCounter,
     shutdown: Shutdown,
     handle: F,
 ) -> JoinHandle<()>
@@ -67,38 +67,16 @@ where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
 {
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "{what} listening");
-    }
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = tokio::select! {
-                r = listener.accept() => match r {
-                    Ok(x) => x,
-                    Err(e) => { tracing::warn!(error = %e, "{what} accept"); continue; }
-                },
-                _ = shutdown.wait() => return,
-            };
-            let handle = handle.clone();
-            let sd = shutdown.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req| {
-                    let h = handle.clone();
-                    async move { Ok::<_, Infallible>(h(req).await) }
-                });
-                let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
-                tokio::pin!(conn);
-                tokio::select! {
-                    r = conn.as_mut() => { if let Err(e) = r { tracing::debug!(error = %e, "http connection"); } }
-                    _ = sd.wait() => conn.as_mut().graceful_shutdown(),
-                }
-            });
-        }
-    })
+    regolith_proto::httpd::serve(listener, what, move || refused.inc(), shutdown, handle)
 }
 
 pub fn serve_metrics(node: Arc<Node>, listener: TcpListener, shutdown: Shutdown) -> JoinHandle<()> {
-    serve(listener, "metrics", shutdown, move |req| {
+    let refused = node
+        .ops
+        .metrics
+        .connections_refused
+        .with_label_values(&["metrics"]);
+    serve(listener, "metrics", refused, shutdown, move |req| {
         let node = node.clone();
         async move { metrics_route(&node, req) }
     })
@@ -162,11 +140,16 @@ pub fn serve_metadata_kv(
     listener: TcpListener,
     shutdown: Shutdown,
 ) -> JoinHandle<()> {
+    let refused = node
+        .ops
+        .metrics
+        .connections_refused
+        .with_label_values(&["http_metadata"]);
     let kv = Arc::new(MetaKv {
         node,
         forward: OnceLock::new(),
     });
-    serve(listener, "http metadata", shutdown, move |req| {
+    serve(listener, "http metadata", refused, shutdown, move |req| {
         let kv = kv.clone();
         async move { kv.route(req).await }
     })

@@ -31,6 +31,7 @@ pub struct Metrics {
     pub rpc_failures: IntCounterVec,
     pub read_fallbacks: IntCounterVec,
     pub raft_rejected: IntCounterVec,
+    pub connections_refused: IntCounterVec,
     pub fsyncs: IntGauge,
     pub appended_entries: IntGauge,
     pub snapshots_built: IntGauge,
@@ -159,6 +160,11 @@ impl Metrics {
                 "raft_rejected_messages_total",
                 "Raft messages refused before openraft saw them, by RPC and reason",
                 &["rpc", "reason"],
+            ),
+            connections_refused: counter_vec(
+                "connections_refused_total",
+                "Connections closed at once because their listener had its most open, by listener",
+                &["listener"],
             ),
             fsyncs: gauge(&r, "storage_fsyncs", "fsyncs of the Raft log"),
             appended_entries: gauge(

@@ -95,6 +95,43 @@ fn warn_if_unreachable(settings: &Settings) {
     }
 }
 
+/// The gRPC listener's connections as tonic takes them. tonic retries a failed accept at once
+/// (it spins at the fd limit), so failures are absorbed here with a back-off and never reach
+/// it. tonic sets TCP_NODELAY only on sockets it accepts itself; these are ours, and without it
+/// Nagle's algorithm and delayed ACKs add ~40 ms to any reply larger than one segment.
+fn grpc_incoming(
+    listener: TcpListener,
+    shutdown: Shutdown,
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<tokio::net::TcpStream>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut backoff = regolith_proto::net::AcceptBackoff::new("gRPC");
+        loop {
+            let accepted = tokio::select! {
+                r = listener.accept() => r,
+                _ = shutdown.wait() => return,
+                () = tx.closed() => return,
+            };
+            match accepted {
+                Ok((s, _)) => {
+                    backoff.succeeded();
+                    if let Err(e) = s.set_nodelay(true) {
+                        tracing::debug!(error = %e, "TCP_NODELAY");
+                    }
+                    if tx.send(Ok(s)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => tokio::select! {
+                    () = backoff.pause_after(&e) => {}
+                    _ = shutdown.wait() => return,
+                },
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
 /// A replica ([`node::Node`]) with the listeners it serves on.
 pub struct Replica {
     node: Arc<node::Node>,
@@ -131,18 +168,7 @@ impl Replica {
         let metad = InterceptedService::new(metad, check.clone());
         let raft = InterceptedService::new(raft, check);
         tracing::info!(addr = %settings.listen, id = node.ops.id, "gRPC listening");
-        // tonic sets TCP_NODELAY only on sockets it accepts itself; these are ours. Without it,
-        // Nagle's algorithm and delayed ACKs add ~40 ms to any reply larger than one segment.
-        let incoming = tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::TcpListenerStream::new(listeners.grpc),
-            |s| {
-                s.inspect(|s| {
-                    if let Err(e) = s.set_nodelay(true) {
-                        tracing::debug!(error = %e, "TCP_NODELAY");
-                    }
-                })
-            },
-        );
+        let incoming = grpc_incoming(listeners.grpc, shutdown.clone());
         let sd = shutdown.clone();
         let grpc = tonic::transport::Server::builder()
             .tcp_nodelay(true)

@@ -21,6 +21,8 @@ pub const LENGTH_FIELD: usize = 4;
 /// Smallest legal `length`: opcode + request id, empty body.
 pub const MIN_LENGTH: u32 = 10;
 /// Bytes of a frame before its body.
+/// The most the decoder reserves ahead of the bytes it holds for a frame still arriving.
+pub const RESERVE_AHEAD: usize = 256 * 1024;
 pub const HEADER_LEN: usize = LENGTH_FIELD + MIN_LENGTH as usize;
 /// Default largest body (64 MiB): large enough for inline values and batch requests.
 pub const DEFAULT_MAX_BODY: u32 = 64 * 1024 * 1024;
@@ -175,6 +177,11 @@ impl FrameCodec {
         self.max_length
     }
 
+    /// Changes the cap (a session allows larger frames once its peer said hello).
+    pub fn set_max_length(&mut self, max_length: u32) {
+        self.max_length = max_length.max(MIN_LENGTH);
+    }
+
     /// Appends received bytes to the internal buffer (standalone use).
     pub fn feed(&mut self, bytes: &[u8]) {
         self.buf.extend_from_slice(bytes);
@@ -221,8 +228,9 @@ impl Decoder for FrameCodec {
         let length = u32::from_le_bytes([src[0], src[1], src[2], src[3]]);
         let total = checked_total(length, self.max_length)?;
         if src.len() < total {
-            // Only now, with the length validated, make room for the rest of the frame.
-            src.reserve(total - src.len());
+            // Room grows with the bytes that arrive, never on the word of a length field
+            // alone: a peer announcing a 64 MiB frame and sending nothing more costs nothing.
+            src.reserve((total - src.len()).min(RESERVE_AHEAD));
             return Ok(None);
         }
         let mut frame = src.split_to(total);

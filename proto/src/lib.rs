@@ -13,6 +13,8 @@
 //! * [`dataplane`] — the sidecar-to-sidecar data-plane wire protocol (handshake, slices).
 //! * [`units`] — parsing of sizes (`1GiB`) and durations (`500ms`) in flags and config files.
 //! * [`shutdown`] — [`shutdown::Shutdown`], how tasks learn that the process is stopping.
+//! * [`net`] — what every accept loop shares: back-off when accept fails, a cap on open
+//!   connections.
 //!
 //! With the `grpc` feature (on by default; `regolith-client`, and so the Python wheel, turns it
 //! off and links none of tonic, tracing-subscriber or clap):
@@ -23,6 +25,7 @@
 //! * `leader` — how followers name the leader in a `NOT_LEADER` answer.
 //! * `client` — `client::MetadClient`, which finds the leader, follows redirects and retries
 //!   idempotent calls across elections.
+//! * `httpd` — the daemons' HTTP listeners: connection cap, header timeout, accept back-off.
 //! * `daemon` — the daemons' shared `main` shell: argv, logging, runtime, signals, exit code.
 //! * `launch` — `launch::MetadLaunch` / `launch::SidecarLaunch`: a daemon's command line,
 //!   typed, for every Rust launcher.
@@ -36,6 +39,7 @@ pub mod checksum;
 pub mod dataplane;
 pub mod fdpass;
 pub mod frame;
+pub mod net;
 pub mod shutdown;
 pub mod uds;
 pub mod units;
@@ -55,6 +59,8 @@ pub mod common {
 
 #[cfg(feature = "grpc")]
 pub mod auth;
+#[cfg(feature = "grpc")]
+pub mod httpd;
 #[cfg(feature = "grpc")]
 pub mod client;
 #[cfg(feature = "grpc")]

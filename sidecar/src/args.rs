@@ -67,6 +67,9 @@ pub struct Args {
     /// Requests one client connection may have in flight.
     #[arg(long, env = "REGOLITH_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<u32>,
+    /// Client connections served at once on the socket; more are refused with BUSY.
+    #[arg(long, env = "REGOLITH_MAX_CLIENTS")]
+    pub max_clients: Option<usize>,
     /// Time limit of one transfer, e.g. 30s.
     #[arg(long, env = "REGOLITH_TRANSFER_TIMEOUT")]
     pub transfer_timeout: Option<String>,
@@ -114,6 +117,7 @@ pub struct FileConfig {
     pub drain_timeout: Option<String>,
     pub staging_size: Option<String>,
     pub max_in_flight: Option<u32>,
+    pub max_clients: Option<usize>,
     pub transfer_timeout: Option<String>,
     pub huge_pages: Option<String>,
     pub worker_threads: Option<usize>,
@@ -140,6 +144,7 @@ pub struct Settings {
     pub drain_timeout: Duration,
     pub staging_size: u64,
     pub max_in_flight: u32,
+    pub max_clients: usize,
     pub transfer_timeout: Duration,
     pub huge_pages: HugePages,
     pub worker_threads: Option<usize>,
@@ -313,6 +318,10 @@ impl Args {
         if max_in_flight == 0 {
             return Err(cfg("--max-in-flight must be at least 1".into()));
         }
+        let max_clients = self.max_clients.or(file.max_clients).unwrap_or(1024);
+        if max_clients == 0 {
+            return Err(cfg("--max-clients must be at least 1".into()));
+        }
         Ok(Settings {
             state_dir: self
                 .state_dir
@@ -341,6 +350,7 @@ impl Args {
             )?,
             staging_size,
             max_in_flight,
+            max_clients,
             transfer_timeout: dur(
                 "transfer-timeout",
                 self.transfer_timeout.or(file.transfer_timeout),

@@ -1,15 +1,11 @@
 //! `/metrics` (Prometheus), `/health` and `/status` (JSON) on `--metrics-addr` (hyper 1).
 
-use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use regolith_proto::shutdown::Shutdown;
 use tokio::net::TcpListener;
 
@@ -168,23 +164,18 @@ pub async fn serve(side: Arc<Sidecar>, shutdown: Shutdown) -> Result<tokio::task
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| Error::Bind { addr, source: e })?;
-    tracing::info!(%addr, "metrics listening");
-    Ok(tokio::spawn(async move {
-        loop {
-            let (stream, _) = tokio::select! {
-                r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
-                _ = shutdown.wait() => return,
-            };
+    let refused = side
+        .metrics
+        .connections_refused
+        .with_label_values(&["metrics"]);
+    Ok(regolith_proto::httpd::serve(
+        listener,
+        "metrics",
+        move || refused.inc(),
+        shutdown,
+        move |req| {
             let side = side.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req| {
-                    let side = side.clone();
-                    async move { Ok::<_, Infallible>(route(&side, &req)) }
-                });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    }))
+            async move { route(&side, &req) }
+        },
+    ))
 }

@@ -33,6 +33,7 @@ pub struct Metrics {
     pub put_bytes: IntCounter,
     pub get_bytes: IntCounter,
     pub uds_bad_frames: IntCounter,
+    pub connections_refused: IntCounterVec,
     pub index_objects: IntGauge,
     pub index_bytes: IntGauge,
     pub index_applied_index: IntGauge,
@@ -169,6 +170,12 @@ impl Metrics {
             uds_bad_frames: c(
                 "uds_bad_requests_total",
                 "UDS requests refused as malformed or unknown",
+            ),
+            connections_refused: cv(
+                "connections_refused_total",
+                "Connections closed at once because their listener had its most open (or, on \
+                 the data plane, before authentication), by listener",
+                &["listener"],
             ),
             index_objects: g("index_objects", "Objects in this node's index"),
             index_bytes: g(

@@ -8,6 +8,7 @@
 //! are aborted and its local copies stop counting as in flight.
 
 use regolith_proto::fdpass::write_all_async as write_all;
+use regolith_proto::net::AcceptBackoff;
 use regolith_proto::shutdown::Shutdown;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -99,6 +100,11 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener> {
     Ok(listener)
 }
 
+/// The largest frame a client may send before its hello is answered (a hello is a few
+/// hundred bytes), and how long it has to send it.
+const HELLO_MAX_FRAME: u32 = 64 * 1024;
+const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long a shutdown waits for sessions to finish their requests in progress.
 const SESSION_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -106,15 +112,30 @@ const SESSION_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 /// requests it has in progress and abort its unfinished puts.
 pub async fn serve(side: Arc<Sidecar>, listener: UnixListener, shutdown: Shutdown) {
     let mut sessions = tokio::task::JoinSet::new();
+    let mut backoff = AcceptBackoff::new("UDS");
+    let max_clients = side.settings.max_clients;
     loop {
         while sessions.try_join_next().is_some() {}
-        let stream = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => { tracing::warn!(error = %e, "UDS accept"); continue; }
-            },
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
             _ = shutdown.wait() => break,
         };
+        let stream = match accepted {
+            Ok((s, _)) => {
+                backoff.succeeded();
+                s
+            }
+            Err(e) => {
+                tokio::select! {
+                    () = backoff.pause_after(&e) => continue,
+                    _ = shutdown.wait() => break,
+                }
+            }
+        };
+        if sessions.len() >= max_clients {
+            refuse_client(&side, &stream, max_clients);
+            continue;
+        }
         sessions.spawn(client(side.clone(), stream, shutdown.clone()));
     }
     let drained = tokio::time::timeout(SESSION_DRAIN, async {
@@ -127,6 +148,21 @@ pub async fn serve(side: Arc<Sidecar>, listener: UnixListener, shutdown: Shutdow
             "client sessions still busy after {SESSION_DRAIN:?}; closing them"
         );
     }
+}
+
+/// A client beyond `--max-clients` gets one ERROR frame (if its socket buffer takes it) and is
+/// closed.
+fn refuse_client(side: &Sidecar, stream: &UnixStream, max: usize) {
+    side.metrics
+        .connections_refused
+        .with_label_values(&["uds"])
+        .inc();
+    tracing::debug!(max, "UDS: --max-clients sessions open, refusing a new client");
+    let body = error_body(
+        pb::Code::Busy,
+        &format!("the sidecar serves at most {max} clients (--max-clients); try again later"),
+    );
+    let _ = stream.try_write(&encode(Op::Error as u16, 0, &body));
 }
 
 /// One client, from accept to close.
@@ -208,13 +244,35 @@ async fn session(
     shutdown: Shutdown,
 ) -> Result<()> {
     let sock = Arc::new(stream);
+    // Until hello, a connection costs little: a small read buffer, a small frame cap and a
+    // time limit (finding 6 of the hardening review: 40 stalled connections, each announcing
+    // a 64 MiB frame, held 1.29 GiB).
     let mut reader = Reader {
-        codec: FrameCodec::new(uds::MAX_FRAME),
+        codec: FrameCodec::new(HELLO_MAX_FRAME),
         fds: Default::default(),
-        buf: vec![0u8; 256 * 1024],
+        buf: vec![0u8; 16 * 1024],
     };
-    // Hello first.
-    let Some(first) = reader.next(&sock).await? else {
+    let first = match tokio::time::timeout(HELLO_TIMEOUT, reader.next(&sock)).await {
+        Ok(Err(e @ Error::InvalidArgument(_))) => {
+            side.metrics.uds_bad_frames.inc();
+            return Err(e);
+        }
+        Ok(r) => r?,
+        Err(_) => {
+            side.metrics.uds_bad_frames.inc();
+            let _ = write_all(
+                &sock,
+                &encode(
+                    Op::Error as u16,
+                    0,
+                    &error_body(pb::Code::InvalidArgument, "no HELLO within 10 s"),
+                ),
+            )
+            .await;
+            return Ok(());
+        }
+    };
+    let Some(first) = first else {
         return Ok(());
     };
     if first.opcode != Op::Hello as u16 {
@@ -234,6 +292,8 @@ async fn session(
         Some(c) => Arc::new(c),
         None => return Ok(()),
     };
+    reader.codec.set_max_length(uds::MAX_FRAME);
+    reader.buf.resize(256 * 1024, 0);
     // Each request's task writes its own reply (under a lock), saving a hop through a writer
     // task on the latency path.
     let tx = Arc::new(Replier {
@@ -290,8 +350,11 @@ async fn session(
                 }
             };
             side.metrics.observe_op(op.name(), start.elapsed());
-            drop(permit);
+            // The slot is held until the reply is written: a client that does not read its
+            // replies stops being served once --max-in-flight of them wait (finding 6: with
+            // the slot released first, 300,000 unread replies added 814 MiB).
             tx.send(reply).await;
+            drop(permit);
         });
     };
     // Wait for every request in progress before cleaning up after the client.

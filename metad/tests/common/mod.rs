@@ -31,6 +31,8 @@ pub struct Cluster {
     pub replicas: BTreeMap<u64, Replica>,
     pub token_file: PathBuf,
     pub extra: Vec<String>,
+    /// RLIMIT_NOFILE for replicas started from now on (through `sh -c 'ulimit -n'`).
+    pub nofile: Option<u64>,
 }
 
 impl Cluster {
@@ -48,6 +50,7 @@ impl Cluster {
             replicas: BTreeMap::new(),
             token_file,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            nofile: None,
         };
         for id in 1..=n {
             c.add_replica_slot(id);
@@ -91,6 +94,7 @@ impl Cluster {
     pub fn spawn(&mut self, id: u64, peers: Option<&[(u64, String)]>, bootstrap: bool) {
         let token = self.token_file.clone();
         let extra = self.extra.clone();
+        let nofile = self.nofile;
         let r = self.replicas.get_mut(&id).unwrap();
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -109,7 +113,17 @@ impl Cluster {
             extra: extra.iter().map(Into::into).collect(),
             ..MetadLaunch::new(id)
         };
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_regolith-metad"));
+        let bin = env!("CARGO_BIN_EXE_regolith-metad");
+        let mut cmd = match nofile {
+            None => Command::new(bin),
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(bin);
+                c
+            }
+        };
         cmd.args(launch.args())
             .env("RUST_LOG", "info,regolith_metad=debug")
             .stdout(Stdio::null())

@@ -3,7 +3,7 @@
 //! the client's region (or inline), verified against the version-seeded checksum; a replica
 //! that fails it is skipped for the next.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::future::join_all;
 use regolith_proto::checksum;
@@ -75,6 +75,8 @@ pub async fn get(store: &Store, items: Vec<GetItem>) -> Vec<GetResult> {
         let f = Failure::invalid(format!("{n} items; 1..={MAX_ITEMS} per request"));
         return vec![GetResult::failed(f); n];
     }
+    let budget = InlineBudget::new(MAX_INLINE_REPLY);
+    let budget = &budget;
     let indexed = indexed_placements(store, &items);
     let mut results: Vec<Option<GetResult>> = vec![None; n];
     let work = items
@@ -83,7 +85,7 @@ pub async fn get(store: &Store, items: Vec<GetItem>) -> Vec<GetResult> {
         .enumerate()
         .filter_map(|(i, (it, p))| {
             let p = p?;
-            Some(async move { (i, try_indexed(store, it, p).await) })
+            Some(async move { (i, try_indexed(store, it, p, budget).await) })
         });
     for (i, r) in join_all(work).await {
         results[i] = r;
@@ -91,7 +93,7 @@ pub async fn get(store: &Store, items: Vec<GetItem>) -> Vec<GetResult> {
     let ask: Vec<usize> = (0..n).filter(|&i| results[i].is_none()).collect();
     if !ask.is_empty() {
         let asked: Vec<GetItem> = ask.iter().map(|&i| items[i].clone()).collect();
-        for (i, r) in ask.into_iter().zip(get_from_leader(store, &asked).await) {
+        for (i, r) in ask.into_iter().zip(get_from_leader(store, &asked, budget).await) {
             results[i] = Some(r);
         }
     }
@@ -117,9 +119,14 @@ fn indexed_placements(store: &Store, items: &[GetItem]) -> Vec<Option<Placement>
 
 /// One item through its indexed placement: its result, or None when the leader must be asked
 /// (the bytes did not verify or could not be read).
-async fn try_indexed(store: &Store, it: &GetItem, p: Placement) -> Option<GetResult> {
+async fn try_indexed(
+    store: &Store,
+    it: &GetItem,
+    p: Placement,
+    budget: &InlineBudget,
+) -> Option<GetResult> {
     let version = p.version;
-    let r = get_one(store, it, p, Source::Index).await;
+    let r = get_one(store, it, p, Source::Index, budget).await;
     match &r.status {
         Err(f) if matches!(f.code, Code::Corrupt | Code::Unavailable) => {
             store
@@ -139,7 +146,11 @@ async fn try_indexed(store: &Store, it: &GetItem, p: Placement) -> Option<GetRes
 }
 
 /// Gets items with the leader's placements (read leases granted).
-async fn get_from_leader(store: &Store, items: &[GetItem]) -> Vec<GetResult> {
+async fn get_from_leader(
+    store: &Store,
+    items: &[GetItem],
+    budget: &InlineBudget,
+) -> Vec<GetResult> {
     let n = items.len();
     store.count_answers("get", "metad", n);
     let keys = items.iter().map(|i| i.key.clone()).collect();
@@ -156,7 +167,7 @@ async fn get_from_leader(store: &Store, items: &[GetItem]) -> Vec<GetResult> {
     };
     let work = items.iter().zip(placements).map(|(it, p)| async move {
         match p {
-            Ok(p) => get_one(store, it, p, Source::Leader).await,
+            Ok(p) => get_one(store, it, p, Source::Leader, budget).await,
             Err(r) => {
                 if it.report_mismatch && r.code == mpb::Code::NotFound {
                     // The client read a key that is gone: reused space, not damage.
@@ -169,6 +180,33 @@ async fn get_from_leader(store: &Store, items: &[GetItem]) -> Vec<GetResult> {
     join_all(work).await
 }
 
+/// What the inline values of one GET may add up to: the reply must fit one UDS frame
+/// (64 MiB), and building more only to refuse it at the end spent memory for nothing
+/// (finding 6 of the hardening review: one GET of 4,096 inline items built 1.2 GB first).
+/// Items past the budget answer NEED_SPACE, as a too-small buffer does.
+pub const MAX_INLINE_REPLY: u64 = 48 << 20;
+
+/// Bytes of inline values a request still may carry.
+struct InlineBudget(AtomicU64);
+
+impl InlineBudget {
+    fn new(bytes: u64) -> Self {
+        Self(AtomicU64::new(bytes))
+    }
+
+    /// Takes `n` bytes if that many are left.
+    fn take(&self, n: u64) -> bool {
+        self.0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(n))
+            .is_ok()
+    }
+
+    /// Returns `n` bytes taken for a read that then failed (the item may be retried).
+    fn give_back(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// Where a placement came from.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Source {
@@ -176,7 +214,13 @@ enum Source {
     Leader,
 }
 
-async fn get_one(store: &Store, it: &GetItem, p: Placement, src: Source) -> GetResult {
+async fn get_one(
+    store: &Store,
+    it: &GetItem,
+    p: Placement,
+    src: Source,
+    budget: &InlineBudget,
+) -> GetResult {
     let found = Found {
         version: p.version,
         size: p.size,
@@ -184,11 +228,17 @@ async fn get_one(store: &Store, it: &GetItem, p: Placement, src: Source) -> GetR
     };
     GetResult {
         found: Some(found),
-        status: deliver(store, it, &p, src).await,
+        status: deliver(store, it, &p, src, budget).await,
     }
 }
 
-async fn deliver(store: &Store, it: &GetItem, p: &Placement, src: Source) -> Outcome<Delivery> {
+async fn deliver(
+    store: &Store,
+    it: &GetItem,
+    p: &Placement,
+    src: Source,
+    budget: &InlineBudget,
+) -> Outcome<Delivery> {
     // Whether the local copy is known bad: a client's report about a version this placement
     // no longer has is a stale index, not damage.
     let local_bad = it.report_mismatch && report_client_mismatch(store, it, p);
@@ -217,8 +267,18 @@ async fn deliver(store: &Store, it: &GetItem, p: &Placement, src: Source) -> Out
                 format!("{} bytes do not fit inline", p.size),
             ));
         }
+        if !budget.take(p.size) {
+            return Err(Failure::new(
+                Code::NeedSpace,
+                format!(
+                    "the inline replies of one request may carry {MAX_INLINE_REPLY} bytes together; \
+                     ask for fewer keys at once or give a buffer"
+                ),
+            ));
+        }
         let mut buf = vec![0u8; p.size as usize];
         if !reader.read_verified(&candidates, &mut buf).await {
+            budget.give_back(p.size);
             return Err(reader.failure(local_bad));
         }
         return Ok(Delivery::Inline(buf));
@@ -478,6 +538,31 @@ mod tests {
         );
         assert_eq!(code(&got[2].status), Some(Code::NeedSpace));
         assert_eq!(code(&got[3].status), Some(Code::InvalidArgument));
+    }
+
+    /// Finding 6 (issue 14): one GET of 4,096 inline items built 1.2 GB of replies before the
+    /// 64 MiB frame cap refused the whole reply.
+    #[tokio::test]
+    async fn finding_6_inline_values_of_one_get_stay_within_the_reply_budget() {
+        let (store, data) = stored("k", 1 << 20, 8).await;
+        let n = (MAX_INLINE_REPLY >> 20) as usize + 10;
+        let got = get(&store, vec![item("k", Region::Absent, false); n]).await;
+        let inline: Vec<&Vec<u8>> = got
+            .iter()
+            .filter_map(|g| match &g.status {
+                Ok(Delivery::Inline(b)) => Some(b),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(inline.len() as u64, MAX_INLINE_REPLY >> 20);
+        assert!(inline.iter().all(|b| **b == data));
+        let refused: Vec<&GetResult> = got
+            .iter()
+            .filter(|g| code(&g.status) == Some(Code::NeedSpace))
+            .collect();
+        assert_eq!(refused.len(), 10);
+        let f = refused[0].status.as_ref().unwrap_err();
+        assert!(f.message.contains("fewer keys"), "{}", f.message);
     }
 
     #[tokio::test]
