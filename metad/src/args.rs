@@ -88,6 +88,16 @@ pub struct Args {
     /// them; one further behind gets a full snapshot).
     #[arg(long, env = "REGOLITH_WATCH_BACKLOG_CHANGES")]
     pub watch_backlog_changes: Option<usize>,
+    /// Most bytes (keys and values) the metadata KV holds, e.g. 64MiB.
+    #[arg(long, env = "REGOLITH_META_MAX_BYTES")]
+    pub meta_max_bytes: Option<String>,
+    /// Most keys the metadata KV holds.
+    #[arg(long, env = "REGOLITH_META_MAX_KEYS")]
+    pub meta_max_keys: Option<usize>,
+    /// File holding a token the HTTP metadata KV requires (`Authorization: Bearer TOKEN`).
+    /// Off by default: Mooncake's transfer engine sends none.
+    #[arg(long, env = "REGOLITH_HTTP_METADATA_TOKEN_FILE")]
+    pub http_metadata_token_file: Option<PathBuf>,
 
     /// Raft heartbeat interval (e.g. 100ms).
     #[arg(long, env = "REGOLITH_HEARTBEAT_INTERVAL")]
@@ -153,6 +163,9 @@ pub struct FileConfig {
     pub drain_timeout: Option<String>,
     pub max_key_len: Option<usize>,
     pub watch_backlog_changes: Option<usize>,
+    pub meta_max_bytes: Option<String>,
+    pub meta_max_keys: Option<usize>,
+    pub http_metadata_token_file: Option<PathBuf>,
     pub heartbeat_interval: Option<String>,
     pub election_timeout_min: Option<String>,
     pub election_timeout_max: Option<String>,
@@ -177,6 +190,8 @@ pub struct Settings {
     pub metrics_addr: SocketAddr,
     pub token: Option<String>,
     pub http_metadata_addr: Option<SocketAddr>,
+    /// The token the HTTP metadata KV requires, if any.
+    pub http_metadata_token: Option<String>,
     pub cache: CacheConfig,
     pub heartbeat_interval: Duration,
     pub election_timeout_min: Duration,
@@ -382,7 +397,26 @@ impl Args {
                 .watch_backlog_changes
                 .or(file.watch_backlog_changes)
                 .unwrap_or(d.watch_backlog_changes),
+            meta_max_bytes: size(
+                "meta-max-bytes",
+                self.meta_max_bytes.or(file.meta_max_bytes),
+                d.meta_max_bytes,
+            )?,
+            meta_max_keys: self
+                .meta_max_keys
+                .or(file.meta_max_keys)
+                .unwrap_or(d.meta_max_keys),
             ..d
+        };
+        let http_metadata_token = match self
+            .http_metadata_token_file
+            .or(file.http_metadata_token_file)
+        {
+            Some(p) => Some(
+                regolith_proto::auth::read_token_file(&p)
+                    .map_err(|e| Error::Config(e.to_string()))?,
+            ),
+            None => None,
         };
         cache.validate().map_err(Error::Config)?;
         let heartbeat_interval = dur(
@@ -445,6 +479,7 @@ impl Args {
             metrics_addr,
             token,
             http_metadata_addr,
+            http_metadata_token,
             cache,
             heartbeat_interval,
             election_timeout_min,

@@ -49,6 +49,12 @@ pub struct CacheConfig {
     /// Changes the watch feed keeps for watchers that reconnect (`Watch` resumes from them;
     /// a watcher further behind gets a full snapshot).
     pub watch_backlog_changes: usize,
+    /// The metadata KV (Mooncake's HTTP metadata server) may hold at most this many bytes of
+    /// keys and values together...
+    pub meta_max_bytes: u64,
+    /// ...and at most this many keys. A put past either is refused (HTTP 507, gRPC
+    /// RESOURCE_EXHAUSTED); the KV is for transfer-engine descriptors, not bulk data.
+    pub meta_max_keys: usize,
 }
 
 impl Default for CacheConfig {
@@ -66,6 +72,8 @@ impl Default for CacheConfig {
             max_replicas: 8,
             max_extents_per_replica: 16,
             watch_backlog_changes: 131_072,
+            meta_max_bytes: 64 << 20,
+            meta_max_keys: 65_536,
         }
     }
 }

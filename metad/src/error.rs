@@ -37,6 +37,8 @@ pub enum Error {
         pinned: u64,
         limit: u64,
     },
+    #[error("metadata KV full: {0}")]
+    MetaQuota(String),
     #[error("reservation {version} is not known to this leader (other term, or already ended)")]
     StaleReservation { version: Version },
     #[error("reservation {version} expired and is quarantined")]

@@ -146,8 +146,10 @@ pub fn serve_metadata_kv(
         .connections_refused
         .with_label_values(&["http_metadata"]);
     let kv = Arc::new(MetaKv {
+        token: node.settings.http_metadata_token.clone(),
         node,
         forward: OnceLock::new(),
+        writes: tokio::sync::Semaphore::new(KV_WRITES_AT_ONCE),
     });
     serve(listener, "http metadata", refused, shutdown, move |req| {
         let kv = kv.clone();
@@ -159,6 +161,12 @@ pub fn serve_metadata_kv(
 /// leader when this replica is not it.
 struct MetaKv {
     node: Arc<Node>,
+    /// `--http-metadata-token-file`: required as `Authorization: Bearer TOKEN` when set.
+    token: Option<String>,
+    /// Writes (PUT, DELETE) in progress through this replica's front, at most
+    /// [`KV_WRITES_AT_ONCE`]: each is a Raft entry of up to 512 KiB, and a flood of them
+    /// starved heartbeats into elections (finding 4).
+    writes: tokio::sync::Semaphore,
     /// Built on the first forwarded request, then kept (its connections with it).
     forward: OnceLock<std::result::Result<MetadClient, String>>,
 }
@@ -176,8 +184,49 @@ fn leader_moved(e: &Error) -> bool {
     )
 }
 
+/// Metadata-KV writes one replica's HTTP front runs at once; more wait up to
+/// [`KV_WRITE_WAIT`], then get 503.
+pub const KV_WRITES_AT_ONCE: usize = 4;
+pub const KV_WRITE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn unavailable(e: impl std::fmt::Display) -> Response<Body> {
     text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"))
+}
+
+/// The HTTP answer of an error of this replica's own operations.
+fn answer_error(e: Error) -> Response<Body> {
+    match e {
+        Error::MetaQuota(_) => text(StatusCode::INSUFFICIENT_STORAGE, format!("{e}\n")),
+        Error::InvalidArgument(_) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+        other => unavailable(other),
+    }
+}
+
+/// The HTTP answer of an error of a call forwarded to the leader.
+fn answer_forwarded(e: regolith_proto::Error) -> Response<Body> {
+    match &e {
+        regolith_proto::Error::Rpc { code, .. } if *code == tonic::Code::ResourceExhausted => {
+            text(StatusCode::INSUFFICIENT_STORAGE, format!("{e}\n"))
+        }
+        regolith_proto::Error::Rpc { code, .. } if *code == tonic::Code::InvalidArgument => {
+            text(StatusCode::BAD_REQUEST, format!("{e}\n"))
+        }
+        _ => unavailable(e),
+    }
+}
+
+/// Whether the request carries the KV's token (constant-time compare), when one is set.
+fn authorized(token: Option<&str>, req: &Request<Incoming>) -> bool {
+    let Some(expected) = token else {
+        return true;
+    };
+    req.headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|got| {
+            regolith_proto::auth::constant_time_eq(got.trim().as_bytes(), expected.as_bytes())
+        })
 }
 
 impl MetaKv {
@@ -218,20 +267,41 @@ impl MetaKv {
         if self.node.ops.gate.observed().state == openraft::ServerState::Leader {
             match direct().await {
                 Ok(v) => return Ok(v),
-                Err(e) if !leader_moved(&e) => return Err(unavailable(e)),
+                Err(e) if !leader_moved(&e) => return Err(answer_error(e)),
                 Err(e) => tracing::debug!(error = %e, "metadata KV: forwarding to the leader"),
             }
         }
         let client = self
             .forwarder()
             .map_err(|e| text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")))?;
-        forward(client.clone()).await.map_err(unavailable)
+        forward(client.clone()).await.map_err(answer_forwarded)
     }
 
     async fn route(&self, req: Request<Incoming>) -> Response<Body> {
         if req.uri().path() != "/metadata" {
             return text(StatusCode::NOT_FOUND, "use /metadata?key=KEY\n");
         }
+        if !authorized(self.token.as_deref(), &req) {
+            return Response::builder()
+                .status(StatusCode::UNAUTHORIZED)
+                .header("www-authenticate", "Bearer")
+                .body(Full::new(Bytes::from_static(
+                    b"this metadata server requires Authorization: Bearer TOKEN (--http-metadata-token-file)\n",
+                )))
+                .unwrap_or_else(|_| text(StatusCode::UNAUTHORIZED, ""));
+        }
+        let _write = if matches!(*req.method(), Method::PUT | Method::POST | Method::DELETE) {
+            match tokio::time::timeout(KV_WRITE_WAIT, self.writes.acquire()).await {
+                Ok(Ok(permit)) => Some(permit),
+                _ => {
+                    return unavailable(format!(
+                        "{KV_WRITES_AT_ONCE} metadata writes in progress here for {KV_WRITE_WAIT:?}; retry later"
+                    ))
+                }
+            }
+        } else {
+            None
+        };
         let Some(key) = query_key(&req) else {
             return text(StatusCode::BAD_REQUEST, "missing ?key=\n");
         };

@@ -201,10 +201,16 @@ impl Node {
     }
 
     /// Every replica snapshots (and so purges) its own log once `--snapshot-bytes` were appended
-    /// since the last time, whatever the entry count.
+    /// since the last time, whatever the entry count, or once as many bytes as the last
+    /// snapshot holds, when that is more: a snapshot costs its size, so the log may grow by
+    /// that much between two (finding 4: a 193 MB snapshot was rebuilt every 16 MiB).
     async fn snapshot_if_log_grew(&self, mark: &mut u64) {
         let appended = self.storage.appended_bytes();
-        if appended.saturating_sub(*mark) < self.settings.snapshot_bytes {
+        let threshold = self
+            .settings
+            .snapshot_bytes
+            .max(self.storage.last_snapshot_bytes() as u64);
+        if appended.saturating_sub(*mark) < threshold {
             return;
         }
         *mark = appended;

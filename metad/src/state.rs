@@ -231,6 +231,17 @@ impl StateMachine {
         self.meta.get(key).map(|v| v.as_slice())
     }
 
+    /// Keys in the metadata KV and the bytes of their keys and values together (a walk: the
+    /// KV is capped at `meta_max_keys`, so this stays cheap).
+    pub fn meta_usage(&self) -> (usize, u64) {
+        let bytes = self
+            .meta
+            .iter()
+            .map(|(k, v)| (k.len() + v.len()) as u64)
+            .sum();
+        (self.meta.len(), bytes)
+    }
+
     pub fn counters(&self) -> &Counters {
         &self.counters
     }

@@ -510,3 +510,120 @@ fn finding_5_partial_requests_and_the_fd_limit_neither_spin_nor_flood_the_log() 
     let seg = rt.block_on(mount(&c.client(), "node-a", 64 << 20));
     assert_serves(&mut c, &rt, seg, "after the fd limit");
 }
+
+/// Finding 4: the HTTP metadata KV needed no credentials and forwarded with the replica's own
+/// token, and 400 PUTs of 512 KiB caused 34 elections, hundreds of MiB per replica and failed
+/// puts and gets. Now: an optional token (`--http-metadata-token-file`), quotas on bytes and
+/// keys (`--meta-max-bytes`, `--meta-max-keys`) answered 507, a few writes at a time per
+/// replica, and snapshots spaced by their own size.
+#[test]
+fn finding_4_the_metadata_kv_takes_a_token_keeps_quotas_and_a_flood_breaks_nothing() {
+    let secrets = tempfile::tempdir().unwrap();
+    let kv_token = secrets.path().join("kv-token");
+    std::fs::write(&kv_token, "kv-secret-0123456789\n").unwrap();
+    let token_arg = kv_token.to_str().unwrap().to_string();
+    let mut c = Cluster::start_with(
+        3,
+        &[
+            "--http-metadata-token-file",
+            &token_arg,
+            "--meta-max-bytes",
+            "4MiB",
+            "--meta-max-keys",
+            "100",
+        ],
+    );
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let rt = runtime();
+    let seg = rt.block_on(mount(&c.client(), "node-a", 64 << 20));
+    assert_serves(&mut c, &rt, seg, "start");
+    let follower = *c.replicas.keys().find(|id| **id != leader).unwrap();
+    let auth = "Authorization: Bearer kv-secret-0123456789\r\n";
+    let kv = |id: u64| c.replicas[&id].kv.clone();
+
+    // No token, a wrong one, the cluster token: 401. The right one: served, on any replica.
+    for headers in [
+        "",
+        "Authorization: Bearer wrong\r\n",
+        "Authorization: Bearer test-token-0123456789\r\n",
+    ] {
+        let (code, _) =
+            http_request_with(&kv(follower), "PUT", "/metadata?key=a", headers, b"v").unwrap();
+        assert_eq!(code, 401, "PUT with {headers:?}");
+        let (code, _) = http_request_with(&kv(leader), "GET", "/metadata?key=a", headers, b"").unwrap();
+        assert_eq!(code, 401, "GET with {headers:?}");
+    }
+    let (code, _) = http_request_with(&kv(follower), "PUT", "/metadata?key=a", auth, b"v1").unwrap();
+    assert_eq!(code, 200);
+    let (code, body) = http_request_with(&kv(leader), "GET", "/metadata?key=a", auth, b"").unwrap();
+    assert_eq!((code, body.as_slice()), (200, &b"v1"[..]));
+
+    // Bytes: 512 KiB values until the 4 MiB quota refuses one, through a follower (forwarded).
+    let big = vec![7u8; 512 * 1024];
+    let mut stored = 0;
+    let refusal = loop {
+        let path = format!("/metadata?key=big-{stored}");
+        let (code, body) = http_request_with(&kv(follower), "PUT", &path, auth, &big).unwrap();
+        match code {
+            200 => stored += 1,
+            507 => break String::from_utf8_lossy(&body).to_string(),
+            other => panic!("PUT {path}: {other} {}", String::from_utf8_lossy(&body)),
+        }
+        assert!(stored <= 8, "more than 4 MiB stored");
+    };
+    assert_eq!(stored, 7, "{refusal}");
+    assert!(refusal.contains("--meta-max-bytes"), "{refusal}");
+    // Replacing a value is not growth.
+    let (code, _) = http_request_with(&kv(leader), "PUT", "/metadata?key=big-0", auth, &big).unwrap();
+    assert_eq!(code, 200);
+
+    // Keys: small values up to 100 keys.
+    let mut keys = 1 + stored;
+    let refusal = loop {
+        let path = format!("/metadata?key=small-{keys}");
+        let (code, body) = http_request_with(&kv(leader), "PUT", &path, auth, b"x").unwrap();
+        match code {
+            200 => keys += 1,
+            507 => break String::from_utf8_lossy(&body).to_string(),
+            other => panic!("PUT {path}: {other}"),
+        }
+        assert!(keys <= 100, "more than 100 keys stored");
+    };
+    assert_eq!(keys, 100);
+    assert!(refusal.contains("--meta-max-keys"), "{refusal}");
+
+    // A flood of 512 KiB overwrites from 16 clients at once, on every replica: answered (200,
+    // or 503 when too many wait), no election, and the cluster serves meanwhile.
+    let term = c.status(leader).unwrap()["term"].as_u64().unwrap();
+    let addrs: Vec<String> = c.replicas.values().map(|r| r.kv.clone()).collect();
+    let answered: Vec<u16> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..16)
+            .map(|w| {
+                let (addr, big) = (addrs[w % addrs.len()].clone(), &big);
+                s.spawn(move || {
+                    (0..8)
+                        .map(|i| {
+                            let path = format!("/metadata?key=big-{}", (w + i) % 7);
+                            http_request_with(&addr, "PUT", &path, auth, big)
+                                .map(|(code, _)| code)
+                                .unwrap_or(0)
+                        })
+                        .collect::<Vec<u16>>()
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    });
+    let ok = answered.iter().filter(|c| **c == 200).count();
+    assert!(
+        answered.iter().all(|c| *c == 200 || *c == 503),
+        "answers: {answered:?}"
+    );
+    assert!(ok >= 16, "only {ok} of 128 overwrites stored");
+    assert_eq!(
+        c.status(c.wait_leader(Duration::from_secs(5))).unwrap()["term"].as_u64(),
+        Some(term),
+        "an election during the flood"
+    );
+    assert_serves(&mut c, &rt, seg, "after the metadata flood");
+}

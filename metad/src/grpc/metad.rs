@@ -35,6 +35,7 @@ fn status(e: Error) -> Status {
         Error::NotFound { .. } => Status::not_found(e.to_string()),
         Error::NoSuch(m) => Status::not_found(m),
         Error::Precondition(m) => Status::failed_precondition(m),
+        Error::MetaQuota(_) => Status::resource_exhausted(e.to_string()),
         Error::NotReady(_)
         | Error::SegmentsNotReady { .. }
         | Error::NoLeaderState

@@ -234,10 +234,21 @@ pub fn http_request(
     path: &str,
     body: &[u8],
 ) -> std::io::Result<(u16, Vec<u8>)> {
+    http_request_with(addr, method, path, "", body)
+}
+
+/// [`http_request`] with extra header lines (each ending in `\r\n`).
+pub fn http_request_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &[u8],
+) -> std::io::Result<(u16, Vec<u8>)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len())?;
+    s.set_read_timeout(Some(Duration::from_secs(20)))?;
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n", body.len())?;
     s.write_all(body)?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;
