@@ -98,7 +98,7 @@ mod tests {
         let e = check_quota(&cache, "k", 900, 1, 100, None).unwrap_err();
         assert!(e.to_string().contains("--meta-max-bytes"), "{e}");
         // Replacing a value of 500 bytes frees them first.
-        assert!(check_quota(&cache, "k", 1300, 2, 900, Some(500)).is_ok());
+        assert!(check_quota(&cache, "k", 599, 2, 900, Some(500)).is_ok());
         let e = check_quota(&cache, "new", 1, 2, 10, None).unwrap_err();
         assert!(e.to_string().contains("--meta-max-keys"), "{e}");
         assert!(check_quota(&cache, "old", 1, 2, 10, Some(5)).is_ok());
