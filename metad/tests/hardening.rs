@@ -592,7 +592,7 @@ fn finding_4_the_metadata_kv_takes_a_token_keeps_quotas_and_a_flood_breaks_nothi
     assert_eq!(keys, 100);
     assert!(refusal.contains("--meta-max-keys"), "{refusal}");
 
-    // A flood of 512 KiB overwrites from 16 clients at once, on every replica: answered (200,
+    // A flood of 512 KiB overwrites from 16 clients at once (4 each), on every replica: answered (200,
     // or 503 when too many wait), no election, and the cluster serves meanwhile.
     let term = c.status(leader).unwrap()["term"].as_u64().unwrap();
     let addrs: Vec<String> = c.replicas.values().map(|r| r.kv.clone()).collect();
@@ -601,7 +601,7 @@ fn finding_4_the_metadata_kv_takes_a_token_keeps_quotas_and_a_flood_breaks_nothi
             .map(|w| {
                 let (addr, big) = (addrs[w % addrs.len()].clone(), &big);
                 s.spawn(move || {
-                    (0..8)
+                    (0..4)
                         .map(|i| {
                             let path = format!("/metadata?key=big-{}", (w + i) % 7);
                             http_request_with(&addr, "PUT", &path, auth, big)
@@ -619,7 +619,7 @@ fn finding_4_the_metadata_kv_takes_a_token_keeps_quotas_and_a_flood_breaks_nothi
         answered.iter().all(|c| *c == 200 || *c == 503),
         "answers: {answered:?}"
     );
-    assert!(ok >= 16, "only {ok} of 128 overwrites stored");
+    assert!(ok >= 8, "only {ok} of 64 overwrites stored");
     assert_eq!(
         c.status(c.wait_leader(Duration::from_secs(5))).unwrap()["term"].as_u64(),
         Some(term),

@@ -247,7 +247,8 @@ pub fn http_request_with(
 ) -> std::io::Result<(u16, Vec<u8>)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(20)))?;
+    // Generous: a write may wait its turn (5 s) and then for a Raft commit on a loaded machine.
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
     write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n", body.len())?;
     s.write_all(body)?;
     let mut buf = Vec::new();
