@@ -43,6 +43,17 @@ pub fn status_json(side: &Sidecar) -> serde_json::Value {
 }
 
 fn refresh(side: &Sidecar) {
+    let st = &side.transport_stats;
+    for (reason, n) in [
+        ("busy", &st.refused_busy),
+        ("evicted_pending", &st.evicted_pending),
+        ("bad_grant", &st.bad_grants),
+    ] {
+        side.metrics
+            .data_plane_refusals
+            .with_label_values(&[reason])
+            .set(n.load(Ordering::Relaxed) as i64);
+    }
     for n in side.transport_stats.snapshot() {
         let nic = n.addr.to_string();
         side.metrics

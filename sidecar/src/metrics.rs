@@ -22,6 +22,7 @@ pub struct Metrics {
     pub nic_bytes_out: IntGaugeVec,
     pub nic_retries: IntGaugeVec,
     pub nic_failed_conns: IntGaugeVec,
+    pub data_plane_refusals: IntGaugeVec,
     pub checksum_mismatches: IntCounter,
     pub clients: IntGauge,
     pub segment_bytes: IntGauge,
@@ -141,6 +142,11 @@ impl Metrics {
                 "nic_failed_connections",
                 "Data-plane connections that failed, per local NIC",
                 &["nic"],
+            ),
+            data_plane_refusals: gv(
+                "data_plane_refusals",
+                "Data-plane connections and requests this node's server refused, by reason (busy, evicted_pending, bad_grant)",
+                &["reason"],
             ),
             checksum_mismatches: c(
                 "checksum_mismatches_total",

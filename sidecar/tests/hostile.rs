@@ -244,10 +244,64 @@ async fn connection_limit_refuses_with_busy() {
     let (_s1, r1) = raw_connect(addr, TOKEN).await;
     let (_s2, r2) = raw_connect(addr, TOKEN).await;
     assert_eq!((r1.verdict, r2.verdict), (Ok(()), Ok(())));
-    let mut s3 = TcpStream::connect(addr).await.unwrap();
-    let got = read_to_close(&mut s3).await;
-    let r3 = HelloReply::decode(&got[..HELLO_REPLY_LEN].try_into().unwrap()).unwrap();
+    // The limit counts authenticated connections: the third peer is refused in its handshake.
+    let (mut s3, r3) = raw_connect(addr, TOKEN).await;
     assert_eq!(r3.verdict, Err(RefuseReason::Busy));
+    assert!(read_to_close(&mut s3).await.is_empty(), "closed after BUSY");
+    assert_eq!(b.stats.refused_busy.load(SeqCst), 1);
+    // A closed authenticated connection frees its place.
+    drop(_s1);
+    let mut ok = false;
+    for _ in 0..50 {
+        if raw_connect(addr, TOKEN).await.1.verdict.is_ok() {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ok, "a place under max_connections came free");
+}
+
+/// Finding 8: silent unauthenticated connections no longer lock real peers out. They are
+/// counted apart from authenticated ones (at most `max_pending`, the oldest closed to make
+/// room), so a real peer's fresh handshake always finds a place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding_8_silent_unauthenticated_connections_do_not_lock_peers_out() {
+    init_logs();
+    count_panics();
+    let a = Node::start(1, ips("127.0.0.2", "127.0.0.3"), 0, 1).await;
+    let b = Node::start_with(2, ips("127.0.0.4", "127.0.0.5"), SEG, GEN, |sc, _| {
+        sc.max_connections = 8;
+        sc.max_pending = 16;
+        sc.handshake_timeout = Duration::from_secs(30);
+    })
+    .await;
+    let mut silent = Vec::new();
+    for addr in b.server.local_addrs() {
+        for _ in 0..150 {
+            silent.push(TcpStream::connect(addr).await.unwrap());
+        }
+    }
+    // Past max_pending, the oldest silent ones are closed (not the newest refused).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while b.stats.evicted_pending.load(SeqCst) < 300 - 16 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        b.stats.evicted_pending.load(SeqCst) >= 300 - 16,
+        "evicted {}",
+        b.stats.evicted_pending.load(SeqCst)
+    );
+    assert!(b.server.active_connections() <= 16 + 8, "{}", b.server.active_connections());
+    // The first silent connections were closed by the server.
+    let got = read_to_close(&mut silent[0]).await;
+    assert!(got.is_empty(), "closed without a reply: {got:?}");
+    // A real peer gets through while the newest silent connections still sit there.
+    well_behaved_round_trip(&a, &b).await;
+    assert_eq!(b.stats.refused_busy.load(SeqCst), 0);
+    drop(silent);
+    well_behaved_round_trip(&a, &b).await;
+    assert_eq!(PANICS.load(SeqCst), 0);
 }
 
 /// Random bytes after a valid handshake (or instead of one) never panic the server, and it

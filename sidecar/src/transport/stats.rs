@@ -67,6 +67,14 @@ pub struct TransportStats {
     nics: RwLock<Vec<(IpAddr, Arc<NicCounters>)>>,
     pub transfers: AtomicU64,
     pub failed_transfers: AtomicU64,
+    /// Server side: authenticated peers refused because `max_connections` were open.
+    pub refused_busy: AtomicU64,
+    /// Server side: connections closed before their handshake to make room for newer ones
+    /// (more than `max_pending` unauthenticated connections at once).
+    pub evicted_pending: AtomicU64,
+    /// Server side: requests refused for a grant that does not verify (design §4, issue 14
+    /// finding 7).
+    pub bad_grants: AtomicU64,
     observer: Option<Arc<dyn TransferObserver>>,
 }
 

@@ -18,7 +18,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use nix::errno::Errno;
+use parking_lot::Mutex;
+use regolith_proto::net::AcceptBackoff;
 use nix::sys::sendfile::sendfile64;
 use nix::sys::socket::{recv, MsgFlags};
 use regolith_proto::auth::{constant_time_eq, MAX_TOKEN_LEN};
@@ -393,7 +397,12 @@ pub struct ServerConfig {
     pub io_timeout: Duration,
     /// An idle connection is closed after this long without a request.
     pub idle_timeout: Duration,
+    /// Authenticated connections open at once; a peer past it gets BUSY in its handshake.
     pub max_connections: usize,
+    /// Connections still in their handshake, counted apart from authenticated ones so that
+    /// silent unauthenticated connections cannot lock real peers out (issue 14, finding 8):
+    /// past it, the oldest pending connection is closed to make room.
+    pub max_pending: usize,
     /// Serve reads with `sendfile` from the segment memfd.
     pub sendfile: bool,
 }
@@ -409,6 +418,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("io_timeout", &self.io_timeout)
             .field("idle_timeout", &self.idle_timeout)
             .field("max_connections", &self.max_connections)
+            .field("max_pending", &self.max_pending)
             .field("sendfile", &self.sendfile)
             .finish()
     }
@@ -425,6 +435,7 @@ impl Default for ServerConfig {
             io_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(600),
             max_connections: 4096,
+            max_pending: 256,
             sendfile: true,
         }
     }
@@ -434,8 +445,87 @@ struct ServerCtx {
     cfg: ServerConfig,
     segment: Arc<Segment>,
     admission: Arc<dyn Admission>,
+    stats: Arc<TransportStats>,
     sendfile_ok: AtomicBool,
+    /// Every open connection, pending or authenticated.
     active: AtomicUsize,
+    authenticated: AtomicUsize,
+    pending: Mutex<Pending>,
+    /// Rate limit of the BUSY and eviction warnings.
+    warned: Mutex<Option<std::time::Instant>>,
+}
+
+impl ServerCtx {
+    /// At most one warning per [`WARN_EVERY`] for refusals that a flood repeats.
+    fn warn_limited(&self, what: &str) {
+        let now = std::time::Instant::now();
+        let mut last = self.warned.lock();
+        if last.is_none_or(|t| now.duration_since(t) >= WARN_EVERY) {
+            *last = Some(now);
+            warn!(
+                busy = self.stats.refused_busy.load(Relaxed),
+                evicted = self.stats.evicted_pending.load(Relaxed),
+                "data plane: {what} (counts since start; next warning in {WARN_EVERY:?} at the earliest)"
+            );
+        }
+    }
+}
+
+const WARN_EVERY: Duration = Duration::from_secs(5);
+
+/// Connections in their handshake, oldest first (ids grow with each accept).
+#[derive(Default)]
+struct Pending {
+    next: u64,
+    conns: BTreeMap<u64, CancellationToken>,
+}
+
+impl Pending {
+    /// Registers a new pending connection, closing the oldest ones past `max`.
+    fn admit(&mut self, max: usize, stats: &TransportStats) -> (u64, CancellationToken) {
+        while self.conns.len() >= max.max(1) {
+            if let Some((_, oldest)) = self.conns.pop_first() {
+                oldest.cancel();
+                stats.evicted_pending.fetch_add(1, Relaxed);
+            }
+        }
+        let id = self.next;
+        self.next += 1;
+        let token = CancellationToken::new();
+        self.conns.insert(id, token.clone());
+        (id, token)
+    }
+}
+
+/// Removes a connection from [`Pending`] when its handshake ends, however it ends.
+struct PendingGuard<'a> {
+    ctx: &'a ServerCtx,
+    id: u64,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.ctx.pending.lock().conns.remove(&self.id);
+    }
+}
+
+/// An authenticated connection's place under `max_connections`.
+struct AuthSlot<'a>(&'a ServerCtx);
+
+impl Drop for AuthSlot<'_> {
+    fn drop(&mut self) {
+        self.0.authenticated.fetch_sub(1, Relaxed);
+    }
+}
+
+impl ServerCtx {
+    fn take_auth_slot(&self) -> Option<AuthSlot<'_>> {
+        let max = self.cfg.max_connections;
+        self.authenticated
+            .fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| AuthSlot(self))
+    }
 }
 
 struct Listener {
@@ -483,7 +573,11 @@ impl TcpServer {
             cfg,
             segment,
             admission,
+            stats: stats.clone(),
             active: AtomicUsize::new(0),
+            authenticated: AtomicUsize::new(0),
+            pending: Mutex::new(Pending::default()),
+            warned: Mutex::new(None),
         });
         let root = CancellationToken::new();
         let listeners = bound
@@ -508,9 +602,14 @@ impl TcpServer {
         self.listeners.iter().map(|l| l.addr).collect()
     }
 
-    /// Connections currently open.
+    /// Connections currently open (pending and authenticated).
     pub fn active_connections(&self) -> usize {
         self.ctx.active.load(Relaxed)
+    }
+
+    /// Connections past their handshake.
+    pub fn authenticated_connections(&self) -> usize {
+        self.ctx.authenticated.load(Relaxed)
     }
 
     /// Stops the listener on `addr` and closes every connection it accepted (a NIC going away).
@@ -557,6 +656,7 @@ async fn accept_loop(
     nic: Arc<NicCounters>,
     cancel: CancellationToken,
 ) {
+    let mut backoff = AcceptBackoff::new("data-plane");
     loop {
         let accepted = tokio::select! {
             biased;
@@ -564,42 +664,34 @@ async fn accept_loop(
             r = listener.accept() => r,
         };
         let (stream, peer) = match accepted {
-            Ok(x) => x,
+            Ok(x) => {
+                backoff.succeeded();
+                x
+            }
             Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                warn!(%addr, "accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
+                // EMFILE and friends: back off instead of spinning (rate-limited log).
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = backoff.pause_after(&e) => continue,
+                }
             }
         };
-        let n = ctx.active.fetch_add(1, Relaxed);
+        ctx.active.fetch_add(1, Relaxed);
         let guard = ActiveGuard(ctx.clone());
+        let (id, evicted) = ctx.pending.lock().admit(ctx.cfg.max_pending, &ctx.stats);
         let (ctx, nic, cancel) = (ctx.clone(), nic.clone(), cancel.clone());
         tokio::spawn(async move {
             let _guard = guard;
-            if n >= ctx.cfg.max_connections {
-                refuse_busy(stream, peer, &ctx).await;
-                return;
-            }
             tokio::select! {
                 _ = cancel.cancelled() => debug!(%peer, "connection closed with its listener"),
-                r = serve_conn(stream, peer, &ctx, &nic) => match r {
+                r = serve_conn(stream, peer, &ctx, &nic, id, evicted) => match r {
                     Ok(()) => debug!(%peer, "connection closed"),
                     Err(e) => info!(%peer, "data-plane connection dropped: {e}"),
                 },
             }
         });
     }
-}
-
-async fn refuse_busy(mut stream: TcpStream, peer: SocketAddr, ctx: &ServerCtx) {
-    let reply = HelloReply {
-        version: VERSION,
-        verdict: Err(RefuseReason::Busy),
-        node_id: ctx.cfg.node_id,
-    };
-    let _ = timeout(Duration::from_secs(1), stream.write_all(&reply.encode())).await;
-    warn!(%peer, limit = ctx.cfg.max_connections, "data-plane connection refused: at limit");
+    debug!(%addr, "data-plane accept loop stopped");
 }
 
 async fn serve_conn(
@@ -607,16 +699,29 @@ async fn serve_conn(
     peer: SocketAddr,
     ctx: &ServerCtx,
     nic: &NicCounters,
+    pending_id: u64,
+    evicted: CancellationToken,
 ) -> Result<()> {
     stream
         .set_nodelay(true)
         .map_err(io_err(peer, "TCP_NODELAY"))?;
-    timeout(
-        ctx.cfg.handshake_timeout,
-        server_handshake(&mut stream, peer, ctx),
-    )
-    .await
-    .map_err(timed_out(peer, "handshake"))??;
+    let _slot = {
+        let _pending = PendingGuard { ctx, id: pending_id };
+        let handshake = timeout(
+            ctx.cfg.handshake_timeout,
+            server_handshake(&mut stream, peer, ctx),
+        );
+        tokio::select! {
+            _ = evicted.cancelled() => {
+                ctx.warn_limited("closed the oldest unauthenticated connection to make room");
+                return Err(Error::Handshake {
+                    peer,
+                    reason: "closed before its handshake: too many pending connections".into(),
+                });
+            }
+            r = handshake => r.map_err(timed_out(peer, "handshake"))??,
+        }
+    };
     let mut scratch = Vec::new();
     loop {
         let mut hdr = [0u8; REQUEST_LEN];
@@ -644,7 +749,12 @@ async fn serve_conn(
     }
 }
 
-async fn server_handshake(stream: &mut TcpStream, peer: SocketAddr, ctx: &ServerCtx) -> Result<()> {
+/// The handshake; on success the connection holds a place under `max_connections`.
+async fn server_handshake<'c>(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    ctx: &'c ServerCtx,
+) -> Result<AuthSlot<'c>> {
     let mut fixed = [0u8; HELLO_LEN];
     stream
         .read_exact(&mut fixed)
@@ -674,6 +784,11 @@ async fn server_handshake(stream: &mut TcpStream, peer: SocketAddr, ctx: &Server
             return refuse(stream, peer, ctx, RefuseReason::BadToken).await;
         }
     }
+    let Some(slot) = ctx.take_auth_slot() else {
+        ctx.stats.refused_busy.fetch_add(1, Relaxed);
+        ctx.warn_limited("refusing authenticated peers: max_connections open");
+        return refuse(stream, peer, ctx, RefuseReason::Busy).await;
+    };
     let reply = HelloReply {
         version,
         verdict: Ok(()),
@@ -684,15 +799,15 @@ async fn server_handshake(stream: &mut TcpStream, peer: SocketAddr, ctx: &Server
         .await
         .map_err(io_err(peer, "send hello reply"))?;
     debug!(%peer, node = hello.node_id, version, "data-plane peer accepted");
-    Ok(())
+    Ok(slot)
 }
 
-async fn refuse(
+async fn refuse<T>(
     stream: &mut TcpStream,
     peer: SocketAddr,
     ctx: &ServerCtx,
     reason: RefuseReason,
-) -> Result<()> {
+) -> Result<T> {
     let reply = HelloReply {
         version: VERSION,
         verdict: Err(reason),
