@@ -11,12 +11,13 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use regolith_proto::uds::{self, pb, Op};
 
 use crate::conn::Conn;
 use crate::error::{Error, Result};
+use crate::reconnect::Reconnect;
 use crate::shm::{Mapping, ShmBuffer};
 use crate::staging::{Staging, Window};
 
@@ -197,7 +198,14 @@ static SESSIONS: AtomicU64 = AtomicU64::new(1);
 #[derive(Clone)]
 pub struct AsyncClient {
     cfg: ClientConfig,
-    session: Arc<tokio::sync::Mutex<Option<Arc<Session>>>>,
+    session: Arc<tokio::sync::Mutex<SessionSlot>>,
+}
+
+/// The current session and when the next attempt to open one may start.
+#[derive(Default)]
+struct SessionSlot {
+    current: Option<Arc<Session>>,
+    reconnect: Reconnect,
 }
 
 impl std::fmt::Debug for AsyncClient {
@@ -236,7 +244,7 @@ impl AsyncClient {
     pub async fn connect(cfg: ClientConfig) -> Result<Self> {
         let c = Self {
             cfg,
-            session: Arc::new(tokio::sync::Mutex::new(None)),
+            session: Arc::new(tokio::sync::Mutex::new(SessionSlot::default())),
         };
         c.session().await?;
         Ok(c)
@@ -274,17 +282,40 @@ impl AsyncClient {
     }
 
     /// The current session, reconnecting (new hello, new mappings) when the sidecar went away.
+    ///
+    /// Attempts are spaced by [`Reconnect`] (10 ms doubling to 1 s): a caller that retries
+    /// failed calls in a tight loop waits here instead of hammering a restarting sidecar, and
+    /// concurrent callers share one attempt (the lock is held across it).
     pub(crate) async fn session(&self) -> Result<Arc<Session>> {
-        let mut guard = self.session.lock().await;
-        if let Some(s) = guard.as_ref() {
+        let mut slot = self.session.lock().await;
+        if let Some(s) = slot.current.as_ref() {
             if s.conn.is_alive() {
                 return Ok(s.clone());
             }
             tracing::info!("sidecar connection lost; reconnecting");
+            slot.current = None;
         }
-        let s = self.open().await?;
-        *guard = Some(s.clone());
-        Ok(s)
+        let wait = slot.reconnect.wait(Instant::now());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        match self.open().await {
+            Ok(s) => {
+                if slot.reconnect.failures() > 0 {
+                    tracing::info!(
+                        attempts = slot.reconnect.failures() + 1,
+                        "reconnected to the sidecar"
+                    );
+                }
+                slot.reconnect.succeeded();
+                slot.current = Some(s.clone());
+                Ok(s)
+            }
+            Err(e) => {
+                slot.reconnect.failed(Instant::now());
+                Err(e)
+            }
+        }
     }
 
     /// The node name of the sidecar (Mooncake's `get_hostname`).

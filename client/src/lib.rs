@@ -9,6 +9,7 @@
 //!   `client/put.rs` and its gets in `client/get.rs`.
 //! * [`blocking`] — [`Client`], the blocking API over it.
 //! * [`conn`] — one pipelined connection: hello, frames, replies routed by id.
+//! * [`reconnect`] — back-off between reconnection attempts to a sidecar that went away.
 //! * [`shm`] — mapped memfds (segment, staging, [`ShmBuffer`]) and the fused copy+hash.
 //! * [`staging`] — windows of the staging area, one per request in flight.
 //! * [`error`] — the crate's error enum.
@@ -20,6 +21,7 @@
 pub mod blocking;
 pub mod client;
 pub mod conn;
+pub mod reconnect;
 pub mod error;
 pub mod shm;
 pub mod staging;

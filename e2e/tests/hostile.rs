@@ -510,3 +510,45 @@ fn finding_6_clients_that_stall_or_never_read_cost_bounded_memory() {
     let m = c.sidecar_metrics(0);
     assert!(regolith_e2e::metric(&m, "regolith_sidecar_uds_bad_requests_total").unwrap() >= 40.0);
 }
+
+/// Finding 14: a client whose sidecar goes away spaces its reconnection attempts (10 ms
+/// doubling to 1 s) instead of failing every call at once, and reconnects once the sidecar is
+/// back.
+#[test]
+fn finding_14_a_client_backs_off_while_its_sidecar_restarts() {
+    let mut c = Cluster::start(&["64MiB"]);
+    let a = c.client(0);
+    let v = value("before", 4096);
+    a.put("before", &v, &ReplicateConfig::default()).unwrap();
+    assert!(a.get("before").unwrap() == v);
+    c.sidecars[0].proc.kill();
+    // An application that retries every failed call at once, for 3 s.
+    let end = std::time::Instant::now() + Duration::from_secs(3);
+    let (mut calls, mut errors) = (0u32, 0u32);
+    while std::time::Instant::now() < end {
+        calls += 1;
+        if a.exists("before").is_err() {
+            errors += 1;
+        }
+    }
+    // 3 s of back-off is about 9 attempts; without it a loop like this fails ~10^5 times.
+    assert!(errors >= 1, "the sidecar is down: calls must fail");
+    assert!(
+        calls <= 40 && errors <= 40,
+        "{calls} calls, {errors} errors in 3 s: reconnection is not backing off"
+    );
+    c.start_sidecar(0);
+    c.wait_sidecar(0, Duration::from_secs(20));
+    // The same client object reconnects by itself (next attempt within 1 s).
+    let v2 = value("after", 70_000);
+    let mut put = Err(regolith_client::Error::InvalidArgument("not tried".into()));
+    for _ in 0..20 {
+        put = a.put("after", &v2, &ReplicateConfig::default());
+        if put.is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    put.unwrap_or_else(|e| panic!("no put after the sidecar came back: {e}"));
+    assert!(a.get("after").unwrap() == v2);
+}
