@@ -12,6 +12,9 @@ use crate::error::{Error, Result};
 pub const FILE: &str = "cluster.json";
 /// File name of the cluster token inside `--dir`.
 pub const TOKEN: &str = "token";
+/// The Raft peer credential the metad replicas share (`--peer-token-file`), mode 0600; only
+/// metad reads it.
+pub const PEER_TOKEN: &str = "peer-token";
 /// File name of the shell snippet with the `export REGOLITH_...` lines.
 pub const ENV: &str = "env";
 

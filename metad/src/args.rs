@@ -45,6 +45,10 @@ pub struct Args {
     /// File holding the cluster token every gRPC peer and client must present.
     #[arg(long, env = "REGOLITH_CLUSTER_TOKEN_FILE")]
     pub cluster_token_file: Option<PathBuf>,
+    /// File holding the Raft peer credential: the same on every replica, apart from the cluster
+    /// token; Raft messages without it are refused (PERMISSION_DENIED).
+    #[arg(long, env = "REGOLITH_PEER_TOKEN_FILE")]
+    pub peer_token_file: Option<PathBuf>,
     /// Serve the Mooncake-compatible metadata KV at --http-metadata-addr.
     #[arg(
         long,
@@ -151,6 +155,7 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     pub metrics_addr: Option<String>,
     pub cluster_token_file: Option<PathBuf>,
+    pub peer_token_file: Option<PathBuf>,
     pub enable_http_metadata_server: Option<bool>,
     pub http_metadata_addr: Option<String>,
     pub lease_ttl: Option<String>,
@@ -189,6 +194,8 @@ pub struct Settings {
     pub data_dir: PathBuf,
     pub metrics_addr: SocketAddr,
     pub token: Option<String>,
+    /// The Raft peer credential, if any (`--peer-token-file`).
+    pub peer_token: Option<String>,
     pub http_metadata_addr: Option<SocketAddr>,
     /// The token the HTTP metadata KV requires, if any.
     pub http_metadata_token: Option<String>,
@@ -336,6 +343,19 @@ impl Args {
             ),
             None => None,
         };
+        let peer_token = match self.peer_token_file.or(file.peer_token_file) {
+            Some(p) => {
+                let t = regolith_proto::auth::read_token_file(&p)
+                    .map_err(|e| Error::Config(format!("--peer-token-file: {e}")))?;
+                if token.as_deref() == Some(t.as_str()) {
+                    return Err(Error::Config(
+                        "--peer-token-file holds the cluster token: the peer credential must differ, or every token holder can act as a Raft member".into(),
+                    ));
+                }
+                Some(t)
+            }
+            None => None,
+        };
         let http_enabled =
             self.enable_http_metadata_server || file.enable_http_metadata_server.unwrap_or(false);
         let http_metadata_addr = if http_enabled {
@@ -478,6 +498,7 @@ impl Args {
             data_dir,
             metrics_addr,
             token,
+            peer_token,
             http_metadata_addr,
             http_metadata_token,
             cache,
@@ -620,6 +641,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("token");
         std::fs::write(&token, "launch-token\n").unwrap();
+        let peer = dir.path().join("peer-token");
+        std::fs::write(&peer, "launch-peer\n").unwrap();
         let launch = MetadLaunch {
             listen: Some("127.0.0.1:6001".into()),
             advertise: Some("10.0.0.1:6001".into()),
@@ -628,6 +651,7 @@ mod tests {
             data_dir: Some(dir.path().join("data")),
             metrics_addr: Some("127.0.0.1:6002".into()),
             cluster_token_file: Some(token),
+            peer_token_file: Some(peer),
             http_metadata_addr: Some("127.0.0.1:6003".into()),
             worker_threads: Some(3),
             verbose: 2,
@@ -647,6 +671,7 @@ mod tests {
         assert_eq!(s.data_dir, dir.path().join("data"));
         assert_eq!(s.metrics_addr.to_string(), "127.0.0.1:6002");
         assert_eq!(s.token.as_deref(), Some("launch-token"));
+        assert_eq!(s.peer_token.as_deref(), Some("launch-peer"));
         assert_eq!(s.http_metadata_addr.unwrap().to_string(), "127.0.0.1:6003");
         assert_eq!(s.worker_threads, Some(3));
         assert_eq!(s.verbose, 2);

@@ -16,7 +16,7 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::BasicNode;
-use regolith_proto::auth::TokenInterceptor;
+use regolith_proto::auth::PeerInterceptor;
 use regolith_proto::raft::raft_client::RaftClient;
 use regolith_proto::raft::RaftMessage;
 use serde::de::DeserializeOwned;
@@ -54,7 +54,7 @@ pub fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, String> {
 
 #[derive(Clone)]
 pub struct Network {
-    pub interceptor: TokenInterceptor,
+    pub interceptor: PeerInterceptor,
     pub max_message_bytes: usize,
     pub connect_timeout: Duration,
     /// Told when a peer refuses this replica's vote for holding a longer log.
@@ -89,7 +89,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct Peer {
     target: NodeId,
     addr: String,
-    client: Option<RaftClient<InterceptedService<Channel, TokenInterceptor>>>,
+    client: Option<RaftClient<InterceptedService<Channel, PeerInterceptor>>>,
     max_bytes: usize,
     outlogged: Outlogged,
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use openraft::BasicNode;
 use parking_lot::Mutex;
-use regolith_proto::auth::TokenInterceptor;
+use regolith_proto::auth::PeerInterceptor;
 use regolith_proto::shutdown::Shutdown;
 use regolith_raft_log::{StorageConfig, StorageStats};
 
@@ -93,7 +93,10 @@ impl Node {
         .map_err(|e| Error::Config(format!("raft settings: {e}")))?;
         let outlogged = crate::elect::Outlogged::default();
         let network = Network {
-            interceptor: TokenInterceptor::new(settings.token.as_deref())
+            interceptor: PeerInterceptor::new(
+                settings.token.as_deref(),
+                settings.peer_token.as_deref(),
+            )
                 .map_err(|e| Error::Config(e.to_string()))?,
             max_message_bytes: settings.raft_max_message_bytes,
             connect_timeout: Duration::from_secs(1),

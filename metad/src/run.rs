@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use regolith_proto::auth::TokenCheck;
+use regolith_proto::auth::{PeerCheck, TokenCheck};
 use regolith_proto::metad::metad_server::MetadServer;
 use regolith_proto::raft::raft_server::RaftServer;
 use regolith_proto::shutdown::Shutdown;
@@ -166,7 +166,15 @@ impl Replica {
         .max_encoding_message_size(max);
         // The token is checked before a request body is read.
         let metad = InterceptedService::new(metad, check.clone());
-        let raft = InterceptedService::new(raft, check);
+        if settings.peer_token.is_none() {
+            tracing::warn!(
+                "no --peer-token-file: Raft messages are accepted from any cluster-token holder (every sidecar and CLI user); see docs/security.md"
+            );
+        }
+        let raft = InterceptedService::new(
+            raft,
+            PeerCheck::new(settings.token.clone(), settings.peer_token.clone()),
+        );
         tracing::info!(addr = %settings.listen, id = node.ops.id, "gRPC listening");
         let incoming = grpc_incoming(listeners.grpc, shutdown.clone());
         let sd = shutdown.clone();

@@ -18,7 +18,7 @@ use openraft::raft::{
 use openraft::{CommittedLeaderId, LogId, SnapshotMeta, StoredMembership, Vote};
 use regolith_metad::network::{decode, encode};
 use regolith_metad::raft_types::TypeConfig;
-use regolith_proto::auth::TokenInterceptor;
+use regolith_proto::auth::PeerInterceptor;
 use regolith_proto::metad as pb;
 use regolith_proto::raft::raft_client::RaftClient;
 use regolith_proto::raft::RaftMessage;
@@ -41,15 +41,27 @@ enum Msg {
     Snapshot(InstallSnapshotRequest<TypeConfig>),
 }
 
-/// Sends one Raft message to replica `to` as any token holder can, bypassing openraft.
+/// Sends one Raft message to replica `to` with the peer credential (as a replica, or whoever
+/// stole it, could), bypassing openraft.
 async fn send_raw(c: &Cluster, to: u64, msg: &Msg) -> Result<Vec<u8>, tonic::Status> {
+    send_as(c, to, msg, Some(&c.peer_token())).await
+}
+
+/// Sends one Raft message with the cluster token and the peer credential `peer`.
+async fn send_as(
+    c: &Cluster,
+    to: u64,
+    msg: &Msg,
+    peer: Option<&str>,
+) -> Result<Vec<u8>, tonic::Status> {
     let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", c.replicas[&to].grpc))
         .unwrap()
         .connect()
         .await
         .unwrap();
     let token = c.token();
-    let mut client = RaftClient::with_interceptor(ch, TokenInterceptor::new(Some(&token)).unwrap());
+    let mut client =
+        RaftClient::with_interceptor(ch, PeerInterceptor::new(Some(&token), peer).unwrap());
     let r = match msg {
         Msg::Vote(v) => {
             client
@@ -385,6 +397,49 @@ fn finding_2_raft_messages_from_a_non_member_are_refused() {
         ),
         "{metrics}"
     );
+}
+
+/// The Raft peer credential (issue 14, "separate identities"): a holder of the cluster token
+/// alone (every sidecar and CLI user) cannot send Raft messages at all, even posing as a real
+/// member with a plausible term; a wrong credential is refused too. The replicas, which share
+/// `--peer-token-file`, keep electing and serving.
+#[test]
+fn raft_messages_need_the_peer_credential_not_just_the_cluster_token() {
+    let mut c = Cluster::start(3);
+    c.wait_leader(Duration::from_secs(15));
+    let rt = runtime();
+    let seg = rt.block_on(mount(&c.client(), "node-a", 64 << 20));
+    assert_serves(&mut c, &rt, seg, "start");
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let term = c.status(leader).unwrap()["term"].as_u64().unwrap();
+    let member = *c.replicas.keys().find(|id| **id != leader).unwrap();
+    // A member's id and the next term: what a real candidate sends.
+    let msg = Msg::Vote(VoteRequest::new(Vote::new(term + 1, member), None));
+    let (none, wrong) = rt.block_on(async {
+        (
+            send_as(&c, leader, &msg, None).await,
+            send_as(&c, leader, &msg, Some("not-the-peer-credential")).await,
+        )
+    });
+    match none {
+        Err(e) => refused(
+            &e,
+            tonic::Code::PermissionDenied,
+            &["peer credential"],
+            "vote without the credential",
+        ),
+        Ok(_) => panic!("a vote with only the cluster token reached openraft"),
+    }
+    match wrong {
+        Err(e) => refused(
+            &e,
+            tonic::Code::PermissionDenied,
+            &["wrong Raft peer credential"],
+            "vote with a wrong credential",
+        ),
+        Ok(_) => panic!("a vote with a wrong credential reached openraft"),
+    }
+    assert_serves(&mut c, &rt, seg, "refused votes");
 }
 
 /// Finding 3: one `Remove` of 20,000 keys of 1 KB made a single Raft entry above the message

@@ -1,5 +1,8 @@
 //! The cluster token (`--cluster-token-file`): presented on every gRPC call as
 //! `authorization: Bearer <token>` and on every data-plane connection in the handshake.
+//! The Raft peer credential (`--peer-token-file`, metad only): presented by replicas on every
+//! Raft message as `x-regolith-peer-token`, so that a holder of the cluster token (every
+//! sidecar and CLI user) cannot pose as a member (issue 14).
 
 use std::path::Path;
 
@@ -115,6 +118,82 @@ impl Interceptor for TokenCheck {
     }
 }
 
+/// gRPC metadata key carrying the Raft peer credential.
+pub const PEER_HEADER: &str = "x-regolith-peer-token";
+
+/// Client side of Raft: the cluster token and, when set, the peer credential.
+#[derive(Clone, Debug, Default)]
+pub struct PeerInterceptor {
+    token: TokenInterceptor,
+    peer: Option<MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl PeerInterceptor {
+    pub fn new(token: Option<&str>, peer: Option<&str>) -> Result<Self> {
+        let peer = match peer {
+            None => None,
+            Some(p) => Some(
+                p.parse()
+                    .map_err(|_| Error::Config("peer credential is not valid header text".into()))?,
+            ),
+        };
+        Ok(Self {
+            token: TokenInterceptor::new(token)?,
+            peer,
+        })
+    }
+}
+
+impl Interceptor for PeerInterceptor {
+    fn call(&mut self, req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        let mut req = self.token.call(req)?;
+        if let Some(v) = &self.peer {
+            req.metadata_mut().insert(PEER_HEADER, v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// Server side of Raft: the cluster token, then (when configured) the peer credential, both
+/// before the message body is read.
+#[derive(Clone, Debug, Default)]
+pub struct PeerCheck {
+    token: TokenCheck,
+    peer: Option<std::sync::Arc<str>>,
+}
+
+impl PeerCheck {
+    pub fn new(token: Option<String>, peer: Option<String>) -> Self {
+        Self {
+            token: TokenCheck::new(token),
+            peer: peer.map(Into::into),
+        }
+    }
+
+    pub fn check<T>(&self, req: &Request<T>) -> std::result::Result<(), Status> {
+        self.token.check(req)?;
+        let Some(expected) = &self.peer else {
+            return Ok(());
+        };
+        match req.metadata().get(PEER_HEADER).and_then(|v| v.to_str().ok()) {
+            Some(p) if constant_time_eq(p.as_bytes(), expected.as_bytes()) => Ok(()),
+            Some(_) => Err(Status::permission_denied(
+                "wrong Raft peer credential (--peer-token-file differs from this replica's)",
+            )),
+            None => Err(Status::permission_denied(
+                "Raft messages need the peer credential (x-regolith-peer-token; metad's --peer-token-file): the cluster token alone does not make a member",
+            )),
+        }
+    }
+}
+
+impl Interceptor for PeerCheck {
+    fn call(&mut self, req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        self.check(&req)?;
+        Ok(req)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +210,23 @@ mod tests {
         assert_eq!(with(Some("s3creT")), Err(tonic::Code::Unauthenticated));
         assert_eq!(with(None), Err(tonic::Code::Unauthenticated));
         assert!(TokenCheck::new(None).check(&Request::new(())).is_ok());
+    }
+
+    #[test]
+    fn peer_check_needs_both_credentials() {
+        let check = PeerCheck::new(Some("tok".into()), Some("peer".into()));
+        let with = |t: Option<&str>, p: Option<&str>| {
+            let mut i = PeerInterceptor::new(t, p).unwrap();
+            let req = i.call(Request::new(())).unwrap();
+            check.check(&req).map_err(|s| s.code())
+        };
+        assert_eq!(with(Some("tok"), Some("peer")), Ok(()));
+        assert_eq!(with(Some("tok"), None), Err(tonic::Code::PermissionDenied));
+        assert_eq!(with(Some("tok"), Some("peeR")), Err(tonic::Code::PermissionDenied));
+        assert_eq!(with(None, Some("peer")), Err(tonic::Code::Unauthenticated));
+        // Without a configured credential, the cluster token suffices (the old behaviour).
+        let open = PeerCheck::new(Some("tok".into()), None);
+        let mut i = PeerInterceptor::new(Some("tok"), None).unwrap();
+        assert!(open.check(&i.call(Request::new(())).unwrap()).is_ok());
     }
 }

@@ -34,6 +34,8 @@ pub struct MetadLaunch {
     pub metrics_addr: Option<String>,
     /// `--cluster-token-file`.
     pub cluster_token_file: Option<PathBuf>,
+    /// `--peer-token-file`: the Raft peer credential, the same file on every replica.
+    pub peer_token_file: Option<PathBuf>,
     /// `--enable-http-metadata-server --http-metadata-addr ADDR`: the HTTP metadata KV.
     pub http_metadata_addr: Option<String>,
     /// `--worker-threads`.
@@ -138,6 +140,7 @@ impl MetadLaunch {
         a.opt("--data-dir", self.data_dir.clone());
         a.opt("--metrics-addr", self.metrics_addr.clone());
         a.opt("--cluster-token-file", self.cluster_token_file.clone());
+        a.opt("--peer-token-file", self.peer_token_file.clone());
         a.switch(
             "--enable-http-metadata-server",
             self.http_metadata_addr.is_some(),

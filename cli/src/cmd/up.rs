@@ -230,7 +230,12 @@ fn clear_stale_sockets(dir: &Path) -> Result<()> {
 
 /// `DIR/token`: kept when it holds a valid token, else a new random one (mode 0600).
 fn ensure_token(dir: &Path) -> Result<PathBuf> {
-    let path = dir.join(cluster_file::TOKEN);
+    ensure_secret(dir, cluster_file::TOKEN)
+}
+
+/// `DIR/NAME`: kept when it holds a valid secret, else a new random one (mode 0600).
+fn ensure_secret(dir: &Path, name: &str) -> Result<PathBuf> {
+    let path = dir.join(name);
     if path.exists() && regolith_proto::auth::read_token_file(&path).is_ok() {
         return Ok(path);
     }
@@ -384,6 +389,7 @@ impl Up {
                 data_dir: Some(self.metad_dir(m.id)),
                 metrics_addr: Some(m.metrics.to_string()),
                 cluster_token_file: Some(self.token_file.clone()),
+                peer_token_file: Some(ensure_secret(&self.dir, cluster_file::PEER_TOKEN)?),
                 http_metadata_addr: Some(m.http_metadata.to_string()),
                 worker_threads: Some(1),
                 verbose: self.child_verbose,
@@ -733,6 +739,10 @@ mod tests {
         );
         ensure_token(d.path()).unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), t1);
+        let peer = ensure_secret(d.path(), cluster_file::PEER_TOKEN).unwrap();
+        let t2 = std::fs::read_to_string(&peer).unwrap();
+        assert_eq!(t2.trim().len(), 64);
+        assert_ne!(t1, t2, "the peer credential is not the cluster token");
     }
 
     #[test]

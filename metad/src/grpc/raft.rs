@@ -15,10 +15,10 @@
 //!   could never join; a member being added is already in the leader's membership, and the
 //!   leader in its.
 //!
-//! Both are checks on what a token holder claims, not authentication: every sidecar and CLI
-//! user holds the cluster token, so one can still pose as a member id. A Raft credential
-//! distinct from the client token (or mTLS naming the member), as the design asks, is the
-//! remaining step and out of scope here.
+//! Both are checks on what a sender claims. Authentication is the peer credential
+//! (`--peer-token-file`, checked by `regolith_proto::auth::PeerCheck` before this service
+//! runs): with it, only replicas can send Raft messages at all; without it, every cluster-token
+//! holder can, and these checks are what is left.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -30,6 +30,8 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub replicas: BTreeMap<u64, Replica>,
     pub token_file: PathBuf,
+    /// The Raft peer credential every replica shares (`--peer-token-file`).
+    pub peer_token_file: PathBuf,
     pub extra: Vec<String>,
     /// RLIMIT_NOFILE for replicas started from now on (through `sh -c 'ulimit -n'`).
     pub nofile: Option<u64>,
@@ -45,10 +47,13 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         let token_file = dir.path().join("token");
         std::fs::write(&token_file, "test-token-0123456789\n").unwrap();
+        let peer_token_file = dir.path().join("peer-token");
+        std::fs::write(&peer_token_file, "test-peer-credential-9876\n").unwrap();
         let mut c = Cluster {
             dir,
             replicas: BTreeMap::new(),
             token_file,
+            peer_token_file,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             nofile: None,
         };
@@ -93,6 +98,7 @@ impl Cluster {
     /// Starts (or restarts) replica `id`.
     pub fn spawn(&mut self, id: u64, peers: Option<&[(u64, String)]>, bootstrap: bool) {
         let token = self.token_file.clone();
+        let peer_token = self.peer_token_file.clone();
         let extra = self.extra.clone();
         let nofile = self.nofile;
         let r = self.replicas.get_mut(&id).unwrap();
@@ -107,6 +113,7 @@ impl Cluster {
             metrics_addr: Some(r.http.clone()),
             http_metadata_addr: Some(r.kv.clone()),
             cluster_token_file: Some(token),
+            peer_token_file: Some(peer_token),
             advertise: Some(r.grpc.clone()),
             peers: peers.map(<[_]>::to_vec).unwrap_or_default(),
             bootstrap,
@@ -148,6 +155,13 @@ impl Cluster {
         if let Some(c) = &self.replicas[&id].child {
             unsafe { libc_kill(c.id() as i32, sig) };
         }
+    }
+
+    pub fn peer_token(&self) -> String {
+        std::fs::read_to_string(&self.peer_token_file)
+            .unwrap()
+            .trim()
+            .to_string()
     }
 
     pub fn token(&self) -> String {
