@@ -21,8 +21,8 @@
 pub mod blocking;
 pub mod client;
 pub mod conn;
-pub mod reconnect;
 pub mod error;
+pub mod reconnect;
 pub mod shm;
 pub mod staging;
 

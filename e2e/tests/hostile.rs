@@ -409,7 +409,10 @@ fn finding_12_daemon_files_are_private_and_the_socket_is_0660() {
         .chain(std::iter::once(c.sidecars[0].state_dir.clone()));
     for dir in dirs {
         let modes = modes_under(&dir);
-        assert!(modes.len() > 1 || dir == c.sidecars[0].state_dir, "{dir:?} is empty");
+        assert!(
+            modes.len() > 1 || dir == c.sidecars[0].state_dir,
+            "{dir:?} is empty"
+        );
         assert_eq!(modes[0].1, 0o700, "{dir:?}");
         for (p, mode) in &modes {
             assert_eq!(mode & 0o077, 0, "{p:?} has mode {mode:o}");
@@ -473,11 +476,17 @@ fn finding_6_clients_that_stall_or_never_read_cost_bounded_memory() {
     }
     std::thread::sleep(Duration::from_secs(1));
     let grown = rss_kib(pid).saturating_sub(rss0);
-    eprintln!("{sent} unread requests of {} bytes sent; RSS grew {grown} KiB", frame.len());
+    eprintln!(
+        "{sent} unread requests of {} bytes sent; RSS grew {grown} KiB",
+        frame.len()
+    );
     // The sidecar stops reading once --max-in-flight replies wait to be read: what is not read
     // stays in the socket's buffer, so the writer soon blocks (before, it read on and built
     // replies for every request).
-    assert!(sent < 200_000, "{sent} requests were taken in without replies being read");
+    assert!(
+        sent < 200_000,
+        "{sent} requests were taken in without replies being read"
+    );
     assert!(grown < 128 * 1024, "RSS grew {grown} KiB");
 
     for s in &mut oversized {

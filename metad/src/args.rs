@@ -314,7 +314,11 @@ impl Args {
         let advertise_flag = self.advertise.or(file.advertise);
         let listen = match self.listen.or(file.listen) {
             Some(l) => sock("listen", &l)?,
-            None => default_listen(advertise_flag.as_deref().or(peers.get(&id).map(|s| s.as_str()))),
+            None => default_listen(
+                advertise_flag
+                    .as_deref()
+                    .or(peers.get(&id).map(|s| s.as_str())),
+            ),
         };
         let bootstrap = self.bootstrap || file.bootstrap.unwrap_or(false);
         if bootstrap && !peers.contains_key(&id) {
@@ -572,10 +576,7 @@ mod tests {
     #[test]
     fn finding_13_listeners_default_to_loopback_or_the_advertised_ip() {
         let s = parse(&["--id", "1"]).unwrap();
-        for (what, a) in [
-            ("grpc", s.listen),
-            ("metrics", s.metrics_addr),
-        ] {
+        for (what, a) in [("grpc", s.listen), ("metrics", s.metrics_addr)] {
             assert!(a.ip().is_loopback(), "{what} listens on {a}");
         }
         let s = parse(&["--id", "1", "--enable-http-metadata-server"]).unwrap();

@@ -97,7 +97,7 @@ impl Node {
                 settings.token.as_deref(),
                 settings.peer_token.as_deref(),
             )
-                .map_err(|e| Error::Config(e.to_string()))?,
+            .map_err(|e| Error::Config(e.to_string()))?,
             max_message_bytes: settings.raft_max_message_bytes,
             connect_timeout: Duration::from_secs(1),
             outlogged: outlogged.clone(),

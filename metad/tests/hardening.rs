@@ -519,7 +519,9 @@ fn finding_5_partial_requests_and_the_fd_limit_neither_spin_nor_flood_the_log() 
 
     // A request whose headers never end is closed by the server.
     let mut partial = std::net::TcpStream::connect(&http).unwrap();
-    partial.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").unwrap();
+    partial
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
     partial
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
@@ -551,7 +553,10 @@ fn finding_5_partial_requests_and_the_fd_limit_neither_spin_nor_flood_the_log() 
     let logged = std::fs::metadata(&c.replicas[&1].log).unwrap().len() - log_before;
     // 100 ticks a second: a spinning loop spends ~300 ticks in 3 s; back-off, a handful.
     assert!(spent < 60, "{spent} ticks of CPU in 3 s at the fd limit");
-    assert!(logged < 64 * 1024, "{logged} bytes of log in 3.5 s at the fd limit");
+    assert!(
+        logged < 64 * 1024,
+        "{logged} bytes of log in 3.5 s at the fd limit"
+    );
     let text = std::fs::read_to_string(&c.replicas[&1].log).unwrap();
     assert!(
         text.contains("accept failing"),
@@ -605,10 +610,12 @@ fn finding_4_the_metadata_kv_takes_a_token_keeps_quotas_and_a_flood_breaks_nothi
         let (code, _) =
             http_request_with(&kv(follower), "PUT", "/metadata?key=a", headers, b"v").unwrap();
         assert_eq!(code, 401, "PUT with {headers:?}");
-        let (code, _) = http_request_with(&kv(leader), "GET", "/metadata?key=a", headers, b"").unwrap();
+        let (code, _) =
+            http_request_with(&kv(leader), "GET", "/metadata?key=a", headers, b"").unwrap();
         assert_eq!(code, 401, "GET with {headers:?}");
     }
-    let (code, _) = http_request_with(&kv(follower), "PUT", "/metadata?key=a", auth, b"v1").unwrap();
+    let (code, _) =
+        http_request_with(&kv(follower), "PUT", "/metadata?key=a", auth, b"v1").unwrap();
     assert_eq!(code, 200);
     let (code, body) = http_request_with(&kv(leader), "GET", "/metadata?key=a", auth, b"").unwrap();
     assert_eq!((code, body.as_slice()), (200, &b"v1"[..]));
@@ -629,7 +636,8 @@ fn finding_4_the_metadata_kv_takes_a_token_keeps_quotas_and_a_flood_breaks_nothi
     assert_eq!(stored, 7, "{refusal}");
     assert!(refusal.contains("--meta-max-bytes"), "{refusal}");
     // Replacing a value is not growth.
-    let (code, _) = http_request_with(&kv(leader), "PUT", "/metadata?key=big-0", auth, &big).unwrap();
+    let (code, _) =
+        http_request_with(&kv(leader), "PUT", "/metadata?key=big-0", auth, &big).unwrap();
     assert_eq!(code, 200);
 
     // Keys: small values up to 100 keys.
@@ -667,7 +675,10 @@ fn finding_4_the_metadata_kv_takes_a_token_keeps_quotas_and_a_flood_breaks_nothi
                 })
             })
             .collect();
-        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
     });
     let ok = answered.iter().filter(|c| **c == 200).count();
     assert!(

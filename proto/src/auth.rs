@@ -130,13 +130,13 @@ pub struct PeerInterceptor {
 
 impl PeerInterceptor {
     pub fn new(token: Option<&str>, peer: Option<&str>) -> Result<Self> {
-        let peer = match peer {
-            None => None,
-            Some(p) => Some(
-                p.parse()
-                    .map_err(|_| Error::Config("peer credential is not valid header text".into()))?,
-            ),
-        };
+        let peer =
+            match peer {
+                None => None,
+                Some(p) => Some(p.parse().map_err(|_| {
+                    Error::Config("peer credential is not valid header text".into())
+                })?),
+            };
         Ok(Self {
             token: TokenInterceptor::new(token)?,
             peer,
@@ -222,7 +222,10 @@ mod tests {
         };
         assert_eq!(with(Some("tok"), Some("peer")), Ok(()));
         assert_eq!(with(Some("tok"), None), Err(tonic::Code::PermissionDenied));
-        assert_eq!(with(Some("tok"), Some("peeR")), Err(tonic::Code::PermissionDenied));
+        assert_eq!(
+            with(Some("tok"), Some("peeR")),
+            Err(tonic::Code::PermissionDenied)
+        );
         assert_eq!(with(None, Some("peer")), Err(tonic::Code::Unauthenticated));
         // Without a configured credential, the cluster token suffices (the old behaviour).
         let open = PeerCheck::new(Some("tok".into()), None);

@@ -60,13 +60,13 @@ pub mod common {
 #[cfg(feature = "grpc")]
 pub mod auth;
 #[cfg(feature = "grpc")]
-pub mod httpd;
-#[cfg(feature = "grpc")]
 pub mod client;
 #[cfg(feature = "grpc")]
 pub mod daemon;
 #[cfg(feature = "grpc")]
 pub mod error;
+#[cfg(feature = "grpc")]
+pub mod httpd;
 #[cfg(feature = "grpc")]
 pub mod launch;
 #[cfg(feature = "grpc")]

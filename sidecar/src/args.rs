@@ -399,7 +399,11 @@ mod tests {
         assert_eq!(s.segment_size, 2 << 30);
         assert_eq!(s.metad, vec!["127.0.0.1:50051".to_string()]);
         assert_eq!(s.data_port, 7600);
-        assert_eq!(s.metrics_addr.to_string(), "127.0.0.1:9300", "finding 13: loopback by default");
+        assert_eq!(
+            s.metrics_addr.to_string(),
+            "127.0.0.1:9300",
+            "finding 13: loopback by default"
+        );
         assert_eq!(s.verbose, 1);
         assert_eq!(s.socket, PathBuf::from("/run/regolith/sidecar.sock"));
         let s = parse(&[

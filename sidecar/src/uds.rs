@@ -157,7 +157,10 @@ fn refuse_client(side: &Sidecar, stream: &UnixStream, max: usize) {
         .connections_refused
         .with_label_values(&["uds"])
         .inc();
-    tracing::debug!(max, "UDS: --max-clients sessions open, refusing a new client");
+    tracing::debug!(
+        max,
+        "UDS: --max-clients sessions open, refusing a new client"
+    );
     let body = error_body(
         pb::Code::Busy,
         &format!("the sidecar serves at most {max} clients (--max-clients); try again later"),

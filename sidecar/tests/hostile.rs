@@ -292,7 +292,11 @@ async fn finding_8_silent_unauthenticated_connections_do_not_lock_peers_out() {
         "evicted {}",
         b.stats.evicted_pending.load(SeqCst)
     );
-    assert!(b.server.active_connections() <= 16 + 8, "{}", b.server.active_connections());
+    assert!(
+        b.server.active_connections() <= 16 + 8,
+        "{}",
+        b.server.active_connections()
+    );
     // The first silent connections were closed by the server.
     let got = read_to_close(&mut silent[0]).await;
     assert!(got.is_empty(), "closed without a reply: {got:?}");

@@ -93,7 +93,10 @@ pub async fn get(store: &Store, items: Vec<GetItem>) -> Vec<GetResult> {
     let ask: Vec<usize> = (0..n).filter(|&i| results[i].is_none()).collect();
     if !ask.is_empty() {
         let asked: Vec<GetItem> = ask.iter().map(|&i| items[i].clone()).collect();
-        for (i, r) in ask.into_iter().zip(get_from_leader(store, &asked, budget).await) {
+        for (i, r) in ask
+            .into_iter()
+            .zip(get_from_leader(store, &asked, budget).await)
+        {
             results[i] = Some(r);
         }
     }
@@ -197,7 +200,9 @@ impl InlineBudget {
     /// Takes `n` bytes if that many are left.
     fn take(&self, n: u64) -> bool {
         self.0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(n))
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(n)
+            })
             .is_ok()
     }
 

@@ -21,16 +21,16 @@ use std::time::Duration;
 use std::collections::BTreeMap;
 
 use nix::errno::Errno;
-use parking_lot::Mutex;
-use regolith_proto::net::AcceptBackoff;
 use nix::sys::sendfile::sendfile64;
 use nix::sys::socket::{recv, MsgFlags};
+use parking_lot::Mutex;
 use regolith_proto::auth::{constant_time_eq, MAX_TOKEN_LEN};
 use regolith_proto::checksum::{chunk_hash, CHUNK};
 use regolith_proto::dataplane::{
     negotiate, Hello, HelloReply, Kind, RefuseReason, Reply, Request, Status, WireError, HELLO_LEN,
     HELLO_REPLY_LEN, MAX_SLICE_LEN, REPLY_LEN, REQUEST_LEN, VERSION,
 };
+use regolith_proto::net::AcceptBackoff;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
@@ -706,7 +706,10 @@ async fn serve_conn(
         .set_nodelay(true)
         .map_err(io_err(peer, "TCP_NODELAY"))?;
     let _slot = {
-        let _pending = PendingGuard { ctx, id: pending_id };
+        let _pending = PendingGuard {
+            ctx,
+            id: pending_id,
+        };
         let handshake = timeout(
             ctx.cfg.handshake_timeout,
             server_handshake(&mut stream, peer, ctx),
