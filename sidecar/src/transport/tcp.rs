@@ -11,14 +11,13 @@
 //! each frame's writer next to its reader, so a change to either end is read with the other
 //! (`sidecar/tests/dataplane.rs` runs both ends against each other).
 
+use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-
-use std::collections::BTreeMap;
 
 use nix::errno::Errno;
 use nix::sys::sendfile::sendfile64;
