@@ -185,6 +185,18 @@ fn assert_serves(c: &mut Cluster, rt: &tokio::runtime::Runtime, seg: (u64, u64),
     });
 }
 
+/// A bootstrapped trio with one mounted segment, checked to serve: the cluster, a runtime, the
+/// segment and the leader's id.
+fn serving_trio() -> (Cluster, tokio::runtime::Runtime, (u64, u64), u64) {
+    let mut c = Cluster::start(3);
+    c.wait_leader(Duration::from_secs(15));
+    let rt = runtime();
+    let seg = rt.block_on(mount(&c.client(), "node-a", 64 << 20));
+    assert_serves(&mut c, &rt, seg, "start");
+    let leader = c.wait_leader(Duration::from_secs(15));
+    (c, rt, seg, leader)
+}
+
 fn refused(status: &tonic::Status, code: tonic::Code, needles: &[&str], what: &str) {
     assert_eq!(status.code(), code, "{what}: {status:?}");
     for n in needles {
@@ -319,12 +331,7 @@ fn finding_1_raft_terms_near_u64_max_are_refused_and_break_nothing() {
 /// down. Appends and snapshots from a non-member are refused the same way.
 #[test]
 fn finding_2_raft_messages_from_a_non_member_are_refused() {
-    let mut c = Cluster::start(3);
-    c.wait_leader(Duration::from_secs(15));
-    let rt = runtime();
-    let seg = rt.block_on(mount(&c.client(), "node-a", 64 << 20));
-    assert_serves(&mut c, &rt, seg, "start");
-    let leader = c.wait_leader(Duration::from_secs(15));
+    let (mut c, rt, seg, leader) = serving_trio();
     let s = c.status(leader).unwrap();
     let term = s["term"].as_u64().unwrap();
     let last = s["last_log_index"].as_u64().unwrap_or(0);
@@ -405,12 +412,7 @@ fn finding_2_raft_messages_from_a_non_member_are_refused() {
 /// `--peer-token-file`, keep electing and serving.
 #[test]
 fn raft_messages_need_the_peer_credential_not_just_the_cluster_token() {
-    let mut c = Cluster::start(3);
-    c.wait_leader(Duration::from_secs(15));
-    let rt = runtime();
-    let seg = rt.block_on(mount(&c.client(), "node-a", 64 << 20));
-    assert_serves(&mut c, &rt, seg, "start");
-    let leader = c.wait_leader(Duration::from_secs(15));
+    let (mut c, rt, seg, leader) = serving_trio();
     let term = c.status(leader).unwrap()["term"].as_u64().unwrap();
     let member = *c.replicas.keys().find(|id| **id != leader).unwrap();
     // A member's id and the next term: what a real candidate sends.
