@@ -290,18 +290,6 @@ impl MetaKv {
                 )))
                 .unwrap_or_else(|_| text(StatusCode::UNAUTHORIZED, ""));
         }
-        let _write = if matches!(*req.method(), Method::PUT | Method::POST | Method::DELETE) {
-            match tokio::time::timeout(KV_WRITE_WAIT, self.writes.acquire()).await {
-                Ok(Ok(permit)) => Some(permit),
-                _ => {
-                    return unavailable(format!(
-                        "{KV_WRITES_AT_ONCE} metadata writes in progress here for {KV_WRITE_WAIT:?}; retry later"
-                    ))
-                }
-            }
-        } else {
-            None
-        };
         let Some(key) = query_key(&req) else {
             return text(StatusCode::BAD_REQUEST, "missing ?key=\n");
         };
@@ -314,7 +302,38 @@ impl MetaKv {
         }
         let ops = &self.node.ops;
         let key = key.as_str();
-        let answer = match *req.method() {
+        let method = req.method().clone();
+        // The body is read before waiting for a write slot: a 503 answered over an unread
+        // 512 KiB upload is a reset at the client, never a readable answer.
+        let body = if matches!(method, Method::PUT | Method::POST) {
+            match Limited::new(req.into_body(), MAX_META_VALUE)
+                .collect()
+                .await
+            {
+                Ok(b) => Some(b.to_bytes()),
+                Err(e) => {
+                    return text(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        format!("body rejected (limit {MAX_META_VALUE} bytes): {e}\n"),
+                    )
+                }
+            }
+        } else {
+            None
+        };
+        let _write = if matches!(method, Method::PUT | Method::POST | Method::DELETE) {
+            match tokio::time::timeout(KV_WRITE_WAIT, self.writes.acquire()).await {
+                Ok(Ok(permit)) => Some(permit),
+                _ => {
+                    return unavailable(format!(
+                        "{KV_WRITES_AT_ONCE} metadata writes in progress here for {KV_WRITE_WAIT:?}; retry later"
+                    ))
+                }
+            }
+        } else {
+            None
+        };
+        let answer = match method {
             Method::GET => self
                 .call(
                     || ops.meta_get(key),
@@ -329,18 +348,7 @@ impl MetaKv {
                     None => text(StatusCode::NOT_FOUND, "metadata not found\n"),
                 }),
             Method::PUT | Method::POST => {
-                let body = match Limited::new(req.into_body(), MAX_META_VALUE)
-                    .collect()
-                    .await
-                {
-                    Ok(b) => b.to_bytes(),
-                    Err(e) => {
-                        return text(
-                            StatusCode::PAYLOAD_TOO_LARGE,
-                            format!("body rejected (limit {MAX_META_VALUE} bytes): {e}\n"),
-                        )
-                    }
-                };
+                let body = body.unwrap_or_default();
                 let direct = {
                     let body = body.clone();
                     move || async move { ops.meta_put(key.into(), body.to_vec()).await.map(|_| ()) }

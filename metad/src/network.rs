@@ -56,6 +56,11 @@ pub fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, String> {
 pub struct Network {
     pub interceptor: PeerInterceptor,
     pub max_message_bytes: usize,
+    /// Bytes of entries one AppendEntries carries (at least one entry). openraft gives an
+    /// AppendEntries one heartbeat interval, retrying the same range when it runs out: a
+    /// range of many MiB that cannot be sent and fsynced in that time never commits and
+    /// starves heartbeats into elections (a flood of 512 KiB metadata-KV writes did that).
+    pub append_budget_bytes: usize,
     pub connect_timeout: Duration,
     /// Told when a peer refuses this replica's vote for holding a longer log.
     pub outlogged: Outlogged,
@@ -80,7 +85,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             addr: node.addr.clone(),
             client,
-            max_bytes: self.max_message_bytes,
+            max_bytes: self.append_budget_bytes.min(self.max_message_bytes),
             outlogged: self.outlogged.clone(),
         }
     }
@@ -210,5 +215,44 @@ impl RaftNetwork<TypeConfig> for Peer {
             self.outlogged.saw(rpc.vote.leader_id().term);
         }
         Ok(resp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{Batch, Command};
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+
+    fn append_of(values: &[usize]) -> AppendEntriesRequest<TypeConfig> {
+        let entries = values
+            .iter()
+            .enumerate()
+            .map(|(i, len)| Entry {
+                log_id: LogId::new(CommittedLeaderId::new(1, 1), i as u64 + 1),
+                payload: EntryPayload::Normal(Batch(vec![Command::MetaPut {
+                    key: format!("k{i}"),
+                    value: vec![7; *len],
+                }])),
+            })
+            .collect();
+        AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: None,
+            leader_commit: None,
+            entries,
+        }
+    }
+
+    #[test]
+    fn an_append_carries_entries_up_to_its_budget_and_always_one() {
+        // Eight 512 KiB metadata writes, as a flood of them queues at a follower.
+        let req = append_of(&[512 << 10; 8]);
+        assert_eq!(entries_that_fit(&req, 1 << 20), 1);
+        assert_eq!(entries_that_fit(&req, 2 << 20), 3);
+        assert_eq!(entries_that_fit(&req, 16 << 20), 8);
+        // An entry above the budget still goes, alone.
+        assert_eq!(entries_that_fit(&append_of(&[2 << 20, 10]), 1 << 20), 1);
+        assert_eq!(entries_that_fit(&append_of(&[10, 10, 10]), 1 << 20), 3);
     }
 }

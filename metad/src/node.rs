@@ -99,6 +99,7 @@ impl Node {
             )
             .map_err(|e| Error::Config(e.to_string()))?,
             max_message_bytes: settings.raft_max_message_bytes,
+            append_budget_bytes: settings.max_entry_bytes,
             connect_timeout: Duration::from_secs(1),
             outlogged: outlogged.clone(),
         };

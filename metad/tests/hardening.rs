@@ -661,7 +661,7 @@ fn finding_4_the_metadata_kv_takes_a_token_keeps_quotas_and_a_flood_breaks_nothi
     // or 503 when too many wait), no election, and the cluster serves meanwhile.
     let term = c.status(leader).unwrap()["term"].as_u64().unwrap();
     let addrs: Vec<String> = c.replicas.values().map(|r| r.kv.clone()).collect();
-    let answered: Vec<u16> = std::thread::scope(|s| {
+    let answered: Vec<std::result::Result<u16, String>> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..16)
             .map(|w| {
                 let (addr, big) = (addrs[w % addrs.len()].clone(), &big);
@@ -669,11 +669,14 @@ fn finding_4_the_metadata_kv_takes_a_token_keeps_quotas_and_a_flood_breaks_nothi
                     (0..4)
                         .map(|i| {
                             let path = format!("/metadata?key=big-{}", (w + i) % 7);
+                            let t0 = std::time::Instant::now();
                             http_request_with(&addr, "PUT", &path, auth, big)
                                 .map(|(code, _)| code)
-                                .unwrap_or(0)
+                                .map_err(|e| {
+                                    format!("{path} on {addr}: {e} after {:?}", t0.elapsed())
+                                })
                         })
-                        .collect::<Vec<u16>>()
+                        .collect::<Vec<_>>()
                 })
             })
             .collect();
@@ -682,9 +685,9 @@ fn finding_4_the_metadata_kv_takes_a_token_keeps_quotas_and_a_flood_breaks_nothi
             .flat_map(|w| w.join().unwrap())
             .collect()
     });
-    let ok = answered.iter().filter(|c| **c == 200).count();
+    let ok = answered.iter().filter(|c| **c == Ok(200)).count();
     assert!(
-        answered.iter().all(|c| *c == 200 || *c == 503),
+        answered.iter().all(|c| *c == Ok(200) || *c == Ok(503)),
         "answers: {answered:?}"
     );
     assert!(ok >= 8, "only {ok} of 64 overwrites stored");
