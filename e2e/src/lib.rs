@@ -171,6 +171,8 @@ pub struct Cluster {
     pub metad: Vec<MetadProc>,
     pub sidecars: Vec<SidecarProc>,
     pub token_file: PathBuf,
+    /// The replicas' peer credential (`--peer-token-file`), which no sidecar or client holds.
+    pub peer_token_file: PathBuf,
     pub metad_bin: PathBuf,
     pub sidecar_bin: PathBuf,
 }
@@ -195,7 +197,16 @@ impl Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let token_file = dir.path().join("token");
         std::fs::write(&token_file, format!("e2e-{}\n", rand::random::<u64>())).expect("token");
+        // As `regolith up` does: replicas authenticate each other, and sign data-plane grants,
+        // with a credential no sidecar or client holds.
+        let peer_token_file = dir.path().join("peer-token");
+        std::fs::write(
+            &peer_token_file,
+            format!("e2e-peer-{}\n", rand::random::<u64>()),
+        )
+        .expect("peer token");
         let mut c = Cluster {
+            peer_token_file,
             metad: Vec::new(),
             sidecars: Vec::new(),
             token_file,
@@ -261,6 +272,7 @@ impl Cluster {
             worker_threads: Some(1),
             data_dir: Some(m.dir.clone()),
             cluster_token_file: Some(self.token_file.clone()),
+            peer_token_file: Some(self.peer_token_file.clone()),
             ..MetadLaunch::new(m.id)
         }
     }

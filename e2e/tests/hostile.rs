@@ -248,6 +248,7 @@ fn garbage_on_the_data_port_is_refused() {
             len,
             term: 1,
             res_id: 1,
+            grant: Default::default(),
         };
         s.write_all(&req.encode()).unwrap();
         let mut rb = [0u8; dataplane::REPLY_LEN];
@@ -266,8 +267,8 @@ fn garbage_on_the_data_port_is_refused() {
     );
     assert_eq!(
         read(&mut s, gen, 0, 4096),
-        Status::Ok,
-        "a well-formed read on the same connection"
+        Status::Forbidden,
+        "a well-formed read without the leader's grant, answered on the same connection"
     );
     let mut huge = Request {
         kind: Kind::Write,
@@ -277,6 +278,7 @@ fn garbage_on_the_data_port_is_refused() {
         len: 4096,
         term: 1,
         res_id: 1,
+        grant: Default::default(),
     }
     .encode();
     huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
@@ -514,10 +516,31 @@ fn finding_6_clients_that_stall_or_never_read_cost_bounded_memory() {
         replies.iter().any(|f| f.opcode == Op::Error as u16),
         "no error frame for the missing hello"
     );
+    // The other stalled connections were opened right after the first: closed by now or
+    // within moments; each is counted as it is closed.
+    for s in &mut stalled[1..] {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = Vec::new();
+        assert!(
+            s.read_to_end(&mut buf).is_ok(),
+            "a connection without hello stayed open"
+        );
+    }
     drop(flood);
     assert!(good.get("kept").unwrap() == value("kept", 100_000));
-    let m = c.sidecar_metrics(0);
-    assert!(regolith_e2e::metric(&m, "regolith_sidecar_uds_bad_requests_total").unwrap() >= 40.0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let bad = loop {
+        let m = c.sidecar_metrics(0);
+        let bad = regolith_e2e::metric(&m, "regolith_sidecar_uds_bad_requests_total").unwrap();
+        if bad >= 40.0 || std::time::Instant::now() > deadline {
+            break bad;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        bad >= 40.0,
+        "{bad} bad requests counted, 40 connections refused"
+    );
 }
 
 /// Finding 14: a client whose sidecar goes away spaces its reconnection attempts (10 ms
@@ -560,4 +583,149 @@ fn finding_14_a_client_backs_off_while_its_sidecar_restarts() {
     }
     put.unwrap_or_else(|e| panic!("no put after the sidecar came back: {e}"));
     assert!(a.get("after").unwrap() == v2);
+}
+
+/// A raw data-plane connection to sidecar `i`, authenticated with the cluster token (what any
+/// sidecar or CLI user holds), speaking the current protocol version.
+fn data_plane(c: &Cluster, i: usize) -> std::net::TcpStream {
+    let addr = format!("{}:{}", c.sidecars[i].nics[0], c.sidecars[i].data_port);
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let hello = dataplane::Hello::new(99, c.token().as_bytes());
+    s.write_all(&hello.encode().unwrap()).unwrap();
+    let mut hr = [0u8; dataplane::HELLO_REPLY_LEN];
+    s.read_exact(&mut hr).unwrap();
+    let reply = HelloReply::decode(&hr).unwrap();
+    assert_eq!((reply.verdict, reply.version), (Ok(()), dataplane::VERSION));
+    s
+}
+
+/// Sends one request (and a write's body of `len` bytes of 0xEE); its reply and a read's bytes.
+fn slice(s: &mut std::net::TcpStream, req: &Request) -> (Reply, Vec<u8>) {
+    s.write_all(&req.encode()).unwrap();
+    if req.kind == Kind::Write {
+        s.write_all(&vec![0xEE; req.len as usize]).unwrap();
+    }
+    let mut rb = [0u8; dataplane::REPLY_LEN];
+    s.read_exact(&mut rb).unwrap();
+    let r = Reply::decode(&rb).unwrap();
+    let mut data = vec![0u8; r.len as usize];
+    s.read_exact(&mut data).unwrap();
+    (r, data)
+}
+
+/// A request for the first extent of `p`'s first replica, with the grant metad gave for it.
+fn granted(kind: Kind, p: &regolith_proto::metad::ObjectPlacement, len: u32) -> Request {
+    let r = &p.replicas[0];
+    let (e, mac) = (&r.extents[0], &r.grants[0]);
+    let v = p.version.unwrap();
+    Request {
+        kind,
+        req_id: 1,
+        generation: r.generation,
+        offset: e.offset,
+        len,
+        term: v.term,
+        res_id: v.id,
+        grant: regolith_proto::grant::Grant {
+            offset: e.offset,
+            len: e.len,
+            mac: mac.as_slice().try_into().unwrap(),
+        },
+    }
+}
+
+/// Finding 7: the data plane trusted any token holder fully. A read at any offset with an
+/// invented version returned another object's bytes; a write over a committed object without
+/// a reservation was accepted; one write carrying term 2^64-1 raised the node's highest term
+/// for good (even when refused as out of range), and every later remote write to that node
+/// failed STALE_TERM. Now every slice needs the leader's grant of the extent it lies in (a MAC
+/// under a key derived from the replicas' peer credential, which token holders lack), checked
+/// before the term.
+#[test]
+fn finding_7_the_data_plane_serves_only_what_the_leader_granted() {
+    let c = Cluster::start(&["64MiB", "64MiB"]);
+    let (a, b) = (c.client(0), c.client(1));
+    let on_b = ReplicateConfig {
+        preferred_segments: vec!["node-b".into()],
+        ..Default::default()
+    };
+    a.put("victim", &value("victim", 300_000), &on_b).unwrap();
+    a.put("secret", &value("secret", 300_000), &on_b).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mc = c.metad_client();
+    let victim = rt.block_on(mc.get("victim", 0)).unwrap();
+    let secret = rt.block_on(mc.get("secret", 0)).unwrap();
+    assert_eq!(victim.replicas[0].node_name, "node-b");
+    assert_eq!(secret.replicas[0].node_name, "node-b");
+    assert_eq!(
+        victim.replicas[0].grants.len(),
+        victim.replicas[0].extents.len(),
+        "metad grants every extent it hands out"
+    );
+    let mut s = data_plane(&c, 1);
+
+    // What the leader granted is served: a read of the victim's first 4 KiB.
+    let (r, data) = slice(&mut s, &granted(Kind::Read, &victim, 4096));
+    assert_eq!(r.status, Status::Ok);
+    assert_eq!(data, value("victim", 300_000)[..4096]);
+    let term_before = r.term;
+
+    // (a) Reads: an invented version with no grant; the victim's grant at the secret's offset;
+    // the victim's grant with another version: all FORBIDDEN, no byte of the secret leaves.
+    let mut invented = granted(Kind::Read, &secret, 4096);
+    invented.grant = Default::default();
+    invented.term = 1;
+    invented.res_id = 1;
+    let mut elsewhere = granted(Kind::Read, &victim, 4096);
+    elsewhere.offset = secret.replicas[0].extents[0].offset;
+    let mut other_version = granted(Kind::Read, &victim, 4096);
+    other_version.res_id ^= 1;
+    for (what, req) in [
+        ("invented version", invented),
+        ("another object's offset", elsewhere),
+        ("another version", other_version),
+    ] {
+        let (r, data) = slice(&mut s, &req);
+        assert_eq!((r.status, data.len()), (Status::Forbidden, 0), "{what}");
+    }
+
+    // (b) Writes over the committed victim: with its read grant, with no grant at all.
+    let mut with_read_grant = granted(Kind::Read, &victim, 4096);
+    with_read_grant.kind = Kind::Write;
+    let mut no_grant = with_read_grant;
+    no_grant.grant = Default::default();
+    for (what, req) in [("a read grant", with_read_grant), ("no grant", no_grant)] {
+        assert_eq!(slice(&mut s, &req).0.status, Status::Forbidden, "{what}");
+    }
+
+    // (c) Term 2^64-1, in range and far out of range: refused, and the node's highest term is
+    // what it was.
+    let mut huge_term = no_grant;
+    huge_term.term = u64::MAX;
+    let mut out_of_range = huge_term;
+    out_of_range.offset = u64::MAX - 10;
+    assert_eq!(slice(&mut s, &huge_term).0.status, Status::Forbidden);
+    let (r, _) = slice(&mut s, &out_of_range);
+    assert_eq!(r.status, Status::OutOfRange);
+    let (r, _) = slice(&mut s, &granted(Kind::Read, &victim, 4096));
+    assert_eq!((r.status, r.term), (Status::Ok, term_before));
+
+    // The victim is intact (not even CORRUPT), and remote writes to node-b still succeed.
+    assert!(b.get("victim").unwrap() == value("victim", 300_000));
+    a.put("after", &value("after", 300_000), &on_b).unwrap();
+    assert!(b.get("after").unwrap() == value("after", 300_000));
+    let m = c.sidecar_metrics(1);
+    let bad = regolith_e2e::metric(
+        &m,
+        "regolith_sidecar_data_plane_refusals{reason=\"bad_grant\"}",
+    )
+    .unwrap();
+    assert!(
+        bad >= 6.0,
+        "{bad} slices counted as refused for their grant"
+    );
 }

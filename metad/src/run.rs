@@ -15,6 +15,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::args::{Args, Settings};
 use crate::error::{Error, Result};
+use crate::grpc::grants::Grants;
 use crate::grpc::metad::MetadService;
 use crate::grpc::raft::RaftService;
 use crate::node;
@@ -152,8 +153,15 @@ impl Replica {
         let settings = &node.settings;
         let check = TokenCheck::new(settings.token.clone());
         let max = settings.raft_max_message_bytes + 64 * 1024;
+        let grants = Grants::new(settings.peer_token.as_deref(), settings.token.as_deref());
+        if !grants.signs() {
+            tracing::warn!("no cluster token and no peer credential: data-plane grants are not signed, so any peer may read or write any segment range");
+        } else if settings.peer_token.is_none() {
+            tracing::warn!("data-plane grants derive from the cluster token (no --peer-token-file): a token holder can forge them; see docs/security.md");
+        }
         let metad = MetadServer::new(MetadService {
             ops: node.ops.clone(),
+            grants,
             shutdown: shutdown.clone(),
         })
         .max_decoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES)

@@ -1,4 +1,4 @@
-//! The data-plane wire protocol between sidecars (design §7), version 1.
+//! The data-plane wire protocol between sidecars (design §7), version 2 (version 1 still spoken).
 //!
 //! A connection is TCP with `TCP_NODELAY`. All integers are little-endian. A connection carries
 //! one handshake, then any number of requests, **one at a time**: the client sends a request
@@ -13,7 +13,7 @@
 //! ```text
 //! offset size field
 //!      0    4 magic       "RGDP" (0x52 0x47 0x44 0x50)
-//!      4    2 version     u16, the highest protocol version the client speaks (1)
+//!      4    2 version     u16, the highest protocol version the client speaks (2)
 //!      6    2 token_len   u16, 0..=4096 (0 when the cluster runs without a token)
 //!      8    8 node_id     u64, the sender's node id
 //!     16    * token       token_len bytes of cluster token
@@ -37,7 +37,8 @@
 //!
 //! # Requests
 //!
-//! Client → server, 48 bytes, followed for a write by exactly `len` body bytes:
+//! Client → server, 80 bytes (version 1: the first 48), followed for a write by exactly `len`
+//! body bytes:
 //!
 //! ```text
 //! offset size field
@@ -49,7 +50,17 @@
 //!     24    8 offset      u64, byte offset of the slice in the target segment
 //!     32    8 term        u64, the reservation's term (write) / the object version's term (read)
 //!     40    8 res_id      u64, the reservation's id (write) / the object version's id (read)
+//!     48    8 grant_off   u64, the granted extent's offset in the segment (version 2)
+//!     56    8 grant_len   u64, the granted extent's length (version 2)
+//!     64   16 grant_mac   the leader's MAC over kind, node, generation, term, res_id and the
+//!                         granted extent ([`crate::grant`]; version 2)
 //! ```
+//!
+//! A node that holds a grant key (metad sends it at mount) serves a slice only when its grant's
+//! MAC verifies and the slice lies inside the granted extent, and answers FORBIDDEN otherwise:
+//! a read must name an object version the leader placed there, a write a reservation the
+//! leader made there. This is checked before the term: a forged term changes nothing. A
+//! version-1 request carries no grant and is FORBIDDEN at such a node.
 //!
 //! Server → client, 24 bytes, followed for a successful read by exactly `len` data bytes:
 //!
@@ -57,7 +68,7 @@
 //! offset size field
 //!      0    8 req_id      u64, the request's req_id
 //!      8    2 status      u16: 0 OK, 1 BAD_GENERATION, 2 STALE_TERM, 3 OUT_OF_RANGE, 4 FENCED,
-//!                         5 TOO_LARGE, 6 BAD_REQUEST, 7 INTERNAL
+//!                         5 TOO_LARGE, 6 BAD_REQUEST, 7 INTERNAL, 8 FORBIDDEN (version 2)
 //!     10    2 reserved    0
 //!     12    4 len         u32: READ with OK → the request's len; otherwise 0
 //!     16    8 term        u64, the highest term the server has seen (a client seeing STALE_TERM
@@ -65,24 +76,37 @@
 //! ```
 //!
 //! Refusals: a write refused after its header was read (BAD_GENERATION, STALE_TERM,
-//! OUT_OF_RANGE, FENCED) has its body read and discarded by the server, which then replies and
+//! OUT_OF_RANGE, FENCED, FORBIDDEN) has its body read and discarded by the server, which then replies and
 //! keeps the connection. A header that cannot be trusted (unknown kind, non-zero reserved bytes:
 //! BAD_REQUEST; `len` above the cap: TOO_LARGE) is answered and the connection closed, since the
 //! body length cannot be relied on. A write is acknowledged only once its body is in segment
 //! memory; a write whose term was superseded while its body was arriving answers STALE_TERM.
 
+use crate::grant::{Grant, MAC_LEN};
+
 /// First four bytes of both handshake messages.
 pub const MAGIC: [u8; 4] = *b"RGDP";
 /// The protocol version this code speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// The oldest version this code still speaks.
 pub const MIN_VERSION: u16 = 1;
 /// Fixed part of [`Hello`].
 pub const HELLO_LEN: usize = 16;
 /// Size of [`HelloReply`].
 pub const HELLO_REPLY_LEN: usize = 16;
-/// Size of a request header.
-pub const REQUEST_LEN: usize = 48;
+/// Size of a request header (version 2).
+pub const REQUEST_LEN: usize = 80;
+/// Size of a version-1 request header: the same fields without the grant.
+pub const REQUEST_LEN_V1: usize = 48;
+
+/// The request header length of protocol `version`.
+pub fn request_len(version: u16) -> usize {
+    if version >= 2 {
+        REQUEST_LEN
+    } else {
+        REQUEST_LEN_V1
+    }
+}
 /// Size of a reply header.
 pub const REPLY_LEN: usize = 24;
 /// Largest slice a request may carry.
@@ -108,6 +132,8 @@ pub enum WireError {
     NonZeroReserved,
     #[error("slice of {len} bytes exceeds the cap of {max}")]
     TooLarge { len: u32, max: u32 },
+    #[error("a request header of {0} bytes (48 or 80)")]
+    HeaderLength(usize),
 }
 
 impl WireError {
@@ -304,9 +330,17 @@ pub struct Request {
     pub len: u32,
     pub term: u64,
     pub res_id: u64,
+    /// The leader's grant of the extent the slice lies in (all zero from a version-1 peer).
+    pub grant: Grant,
 }
 
 impl Request {
+    /// The header as protocol `version` lays it out: [`REQUEST_LEN`] bytes from version 2,
+    /// [`REQUEST_LEN_V1`] (no grant) before.
+    pub fn encode_for(&self, version: u16) -> ([u8; REQUEST_LEN], usize) {
+        (self.encode(), request_len(version))
+    }
+
     pub fn encode(&self) -> [u8; REQUEST_LEN] {
         let mut b = [0u8; REQUEST_LEN];
         b[0] = self.kind as u8;
@@ -316,11 +350,18 @@ impl Request {
         b[24..32].copy_from_slice(&self.offset.to_le_bytes());
         b[32..40].copy_from_slice(&self.term.to_le_bytes());
         b[40..48].copy_from_slice(&self.res_id.to_le_bytes());
+        b[48..56].copy_from_slice(&self.grant.offset.to_le_bytes());
+        b[56..64].copy_from_slice(&self.grant.len.to_le_bytes());
+        b[64..80].copy_from_slice(&self.grant.mac);
         b
     }
 
-    /// Decodes and validates a header; `max_len` caps `len` (at most [`MAX_SLICE_LEN`]).
-    pub fn decode(b: &[u8; REQUEST_LEN], max_len: u32) -> Result<Self, WireError> {
+    /// Decodes and validates a header of [`REQUEST_LEN`] bytes, or of [`REQUEST_LEN_V1`] from
+    /// a version-1 peer (no grant); `max_len` caps `len` (at most [`MAX_SLICE_LEN`]).
+    pub fn decode(b: &[u8], max_len: u32) -> Result<Self, WireError> {
+        if b.len() != REQUEST_LEN && b.len() != REQUEST_LEN_V1 {
+            return Err(WireError::HeaderLength(b.len()));
+        }
         let kind = match b[0] {
             1 => Kind::Write,
             2 => Kind::Read,
@@ -342,6 +383,17 @@ impl Request {
             offset: u64_at(b, 24),
             term: u64_at(b, 32),
             res_id: u64_at(b, 40),
+            grant: if b.len() == REQUEST_LEN {
+                let mut mac = [0u8; MAC_LEN];
+                mac.copy_from_slice(&b[64..80]);
+                Grant {
+                    offset: u64_at(b, 48),
+                    len: u64_at(b, 56),
+                    mac,
+                }
+            } else {
+                Grant::default()
+            },
         })
     }
 }
@@ -365,6 +417,9 @@ pub enum Status {
     BadRequest = 6,
     /// The server failed for reasons of its own.
     Internal = 7,
+    /// The request carries no grant of the leader for this slice, or one that does not verify
+    /// (version 2).
+    Forbidden = 8,
 }
 
 impl Status {
@@ -378,6 +433,7 @@ impl Status {
             5 => Status::TooLarge,
             6 => Status::BadRequest,
             7 => Status::Internal,
+            8 => Status::Forbidden,
             c => return Err(WireError::UnknownStatus(c)),
         })
     }
@@ -392,6 +448,7 @@ impl Status {
             Status::TooLarge => "TOO_LARGE",
             Status::BadRequest => "BAD_REQUEST",
             Status::Internal => "INTERNAL",
+            Status::Forbidden => "FORBIDDEN",
         }
     }
 }
@@ -444,7 +501,7 @@ mod tests {
         let h = Hello::new(0x0102, b"tok");
         let b = h.encode().unwrap();
         assert_eq!(&b[..4], b"RGDP");
-        assert_eq!(&b[4..6], &[1, 0]);
+        assert_eq!(&b[4..6], &[2, 0]);
         assert_eq!(&b[6..8], &[3, 0]);
         assert_eq!(&b[8..16], &[2, 1, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&b[16..], b"tok");
@@ -452,7 +509,7 @@ mod tests {
         assert_eq!(
             Hello::decode_fixed(&fixed).unwrap(),
             HelloFixed {
-                version: 1,
+                version: 2,
                 token_len: 3,
                 node_id: 0x0102
             }
@@ -477,6 +534,7 @@ mod tests {
         assert!(Hello::new(1, &[b'a'; 5000]).encode().is_err());
         assert_eq!(negotiate(0), Err(RefuseReason::UnsupportedVersion));
         assert_eq!(negotiate(1), Ok(1));
+        assert_eq!(negotiate(2), Ok(2));
         assert_eq!(negotiate(7), Ok(VERSION));
         for verdict in [
             Ok(()),
@@ -505,6 +563,11 @@ mod tests {
             len: 4,
             term: 5,
             res_id: 6,
+            grant: Grant {
+                offset: 7,
+                len: 8,
+                mac: [9; MAC_LEN],
+            },
         };
         let b = r.encode();
         assert_eq!(b[0], 1);
@@ -514,7 +577,19 @@ mod tests {
         assert_eq!(b[24], 3);
         assert_eq!(b[32], 5);
         assert_eq!(b[40], 6);
+        assert_eq!((b[48], b[56], &b[64..]), (7, 8, &[9u8; MAC_LEN][..]));
         assert_eq!(Request::decode(&b, MAX_SLICE_LEN).unwrap(), r);
+        // A version-1 header: the same fields, no grant.
+        let (full, n) = r.encode_for(1);
+        assert_eq!(n, REQUEST_LEN_V1);
+        let v1 = Request::decode(&full[..n], MAX_SLICE_LEN).unwrap();
+        assert_eq!(v1.grant, Grant::default());
+        assert_eq!((v1.term, v1.res_id, v1.offset), (5, 6, 3));
+        assert_eq!(r.encode_for(2).1, REQUEST_LEN);
+        assert_eq!(
+            Request::decode(&b[..50], MAX_SLICE_LEN),
+            Err(WireError::HeaderLength(50))
+        );
         let mut bad = b;
         bad[0] = 9;
         assert_eq!(
@@ -564,10 +639,12 @@ mod tests {
     proptest! {
         #[test]
         fn random_headers_never_panic(b in proptest::array::uniform32(any::<u8>()),
-                                      c in proptest::array::uniform16(any::<u8>())) {
+                                      c in proptest::array::uniform16(any::<u8>()),
+                                      g in proptest::array::uniform32(any::<u8>())) {
             let mut req = [0u8; REQUEST_LEN];
             req[..32].copy_from_slice(&b);
-            req[32..].copy_from_slice(&c);
+            req[32..48].copy_from_slice(&c);
+            req[48..].copy_from_slice(&g);
             if let Ok(r) = Request::decode(&req, MAX_SLICE_LEN) {
                 prop_assert!(r.len <= MAX_SLICE_LEN);
                 prop_assert_eq!(r.encode(), req);

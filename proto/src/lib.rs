@@ -11,6 +11,7 @@
 //! * [`fdpass`] — file descriptors over a Unix socket (SCM_RIGHTS).
 //! * [`uds`] — the client-to-sidecar protocol: opcodes and messages (`proto/uds.proto`).
 //! * [`dataplane`] — the sidecar-to-sidecar data-plane wire protocol (handshake, slices).
+//! * [`grant`] — the leader's grants of segment extents that the data plane checks (MACs).
 //! * [`units`] — parsing of sizes (`1GiB`) and durations (`500ms`) in flags and config files.
 //! * [`shutdown`] — [`shutdown::Shutdown`], how tasks learn that the process is stopping.
 //! * [`net`] — what every accept loop shares: back-off when accept fails, a cap on open
@@ -39,6 +40,7 @@ pub mod checksum;
 pub mod dataplane;
 pub mod fdpass;
 pub mod frame;
+pub mod grant;
 pub mod net;
 pub mod shutdown;
 pub mod uds;

@@ -25,6 +25,7 @@ use std::net::SocketAddr;
 
 use hashbrown::HashTable;
 use regolith_proto::common::{Extent, Version};
+use regolith_proto::grant::{Mac, MAC_LEN};
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
 use crate::ops::{Placement, Replica};
@@ -38,7 +39,7 @@ pub const OVERRIDE_MS: u64 = 5_000;
 /// Most stream removals remembered for the race above.
 const RECENT_REMOVALS: usize = 65_536;
 
-/// One object. 64 bytes.
+/// One object. 80 bytes: 64 of placement, 16 of the leader's read grant of its extent.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     hash: u64,
@@ -51,14 +52,16 @@ struct Entry {
     id: u64,
     offset: u64,
     len: u64,
+    mac: Mac,
 }
 
-/// One extent of one replica.
+/// One extent of one replica, with its read grant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Piece {
     slot: u32,
     offset: u64,
     len: u64,
+    mac: Mac,
 }
 
 /// A mounted segment, as placements name it.
@@ -187,6 +190,7 @@ impl Index {
                 slot: e.slot,
                 offset: e.offset,
                 len: e.len,
+                mac: e.mac,
             }]
         };
         let mut replicas: Vec<Replica> = Vec::new();
@@ -197,7 +201,8 @@ impl Index {
             };
             match replicas.last_mut() {
                 Some(r) if self.slots.get(&(r.node_id, r.generation)) == Some(&p.slot) => {
-                    r.extents.push(ext)
+                    r.extents.push(ext);
+                    r.grants.push(p.mac);
                 }
                 _ => {
                     let s = self.segments.get(p.slot as usize)?.as_ref()?;
@@ -207,6 +212,7 @@ impl Index {
                         node_name: s.node_name.clone(),
                         data_addrs: s.data_addrs.clone(),
                         extents: vec![ext],
+                        grants: vec![p.mac],
                     });
                 }
             }
@@ -432,15 +438,16 @@ impl Index {
         let mut pieces = Vec::new();
         for r in &p.replicas {
             let slot = self.slot_of(r);
-            pieces.extend(r.extents.iter().map(|e| Piece {
+            pieces.extend(r.extents.iter().enumerate().map(|(i, e)| Piece {
                 slot,
                 offset: e.offset,
                 len: e.len,
+                mac: r.grants.get(i).copied().unwrap_or_default(),
             }));
         }
-        let (slot, offset, len) = match pieces.as_slice() {
-            [one] => (one.slot, one.offset, one.len),
-            _ => (MULTI, 0, 0),
+        let (slot, offset, len, mac) = match pieces.as_slice() {
+            [one] => (one.slot, one.offset, one.len, one.mac),
+            _ => (MULTI, 0, 0, [0; MAC_LEN]),
         };
         let entry = Entry {
             hash,
@@ -452,6 +459,7 @@ impl Index {
             id: p.version.id,
             offset,
             len,
+            mac,
         };
         if slot == MULTI {
             self.multi.insert(hash, pieces.into_boxed_slice());
@@ -557,6 +565,10 @@ mod tests {
                             .iter()
                             .map(|&(offset, len)| Extent { offset, len })
                             .collect(),
+                        grants: extents
+                            .iter()
+                            .map(|&(offset, _)| [(offset as u8) ^ (n as u8); MAC_LEN])
+                            .collect(),
                     }
                 })
                 .collect(),
@@ -571,8 +583,8 @@ mod tests {
     }
 
     #[test]
-    fn entries_are_64_bytes() {
-        assert_eq!(std::mem::size_of::<Entry>(), 64);
+    fn entries_are_80_bytes() {
+        assert_eq!(std::mem::size_of::<Entry>(), 80);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use regolith_proto::client::{ClientConfig, MetadClient};
+use regolith_proto::grant::{NodeKey, KEY_LEN};
 use regolith_proto::metad as mpb;
 use regolith_proto::shutdown::Shutdown;
 
@@ -15,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::ops::Store;
 use crate::state_file::{self, NodeState};
+use crate::tracker::Tracker;
 use crate::transport::TransportStats;
 
 /// Heartbeat period (and the cap of the retry back-off).
@@ -57,13 +59,54 @@ pub fn metad_clients(settings: &Settings) -> Result<(MetadClient, MetadClient)> 
 }
 
 /// Mounts the segment; returns (node id, generation, term). Retries until metad answers.
+/// What a mount gave this node.
+pub struct Mounted {
+    pub node_id: u64,
+    pub generation: u64,
+    pub term: u64,
+    /// The key this generation checks data-plane grants with; `None` when metad signs none.
+    pub grant_key: Option<NodeKey>,
+}
+
+impl Mounted {
+    fn from_reply(r: mpb::MountSegmentResponse) -> Result<Self> {
+        let grant_key = if r.grant_key.is_empty() {
+            None
+        } else {
+            Some(NodeKey::from_bytes(&r.grant_key).ok_or_else(|| {
+                Error::Metad(format!(
+                    "mount answered a grant key of {} bytes (expected {KEY_LEN})",
+                    r.grant_key.len()
+                ))
+            })?)
+        };
+        Ok(Self {
+            node_id: r.node_id,
+            generation: r.generation,
+            term: r.term,
+            grant_key,
+        })
+    }
+
+    /// Points `tracker` at this generation: the key first, so that no slice of the new
+    /// generation is checked with the old one.
+    pub fn apply_to(&self, tracker: &Tracker) {
+        if self.grant_key.is_none() {
+            tracing::warn!("metad signs no data-plane grants (it has no cluster token and no peer credential): this node serves any slice a token holder asks for");
+        }
+        tracker.set_grant_key(self.node_id, self.grant_key.clone());
+        tracker.set_generation(self.generation);
+        tracker.observe_term(self.term);
+    }
+}
+
 pub async fn mount(
     metad: &MetadClient,
     settings: &Settings,
     node_id_hint: u64,
     capacity: u64,
     data_addrs: &[String],
-) -> Result<(u64, u64, u64)> {
+) -> Result<Mounted> {
     let req = mpb::MountSegmentRequest {
         node_name: settings.node_name.clone(),
         node_id: node_id_hint,
@@ -73,7 +116,7 @@ pub async fn mount(
     let mut delay = Duration::from_millis(100);
     loop {
         match metad.mount(req.clone()).await {
-            Ok(r) => return Ok((r.node_id, r.generation, r.term)),
+            Ok(r) => return Mounted::from_reply(r),
             Err(e)
                 if matches!(
                     e.code(),
@@ -185,13 +228,16 @@ impl Sidecar {
         )
         .await
         {
-            Ok((node, generation, term)) => {
-                self.store.set_node_id(node);
-                self.store.tracker.set_generation(generation);
-                self.store.tracker.observe_term(term);
-                self.metrics.generation.set(generation as i64);
+            Ok(m) => {
+                self.store.set_node_id(m.node_id);
+                m.apply_to(&self.store.tracker);
+                self.metrics.generation.set(m.generation as i64);
                 self.metrics.remounts.inc();
-                tracing::info!(node, generation, "segment mounted again");
+                tracing::info!(
+                    node = m.node_id,
+                    generation = m.generation,
+                    "segment mounted again"
+                );
             }
             Err(e) => tracing::error!(error = %e, "remount failed"),
         }

@@ -70,8 +70,8 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
             .collect()
     };
     let (metad, hb_client) = node::metad_clients(&settings)?;
-    let (node_id, generation, term) =
-        node::mount(&metad, &settings, hint, segment.len(), &data_addrs).await?;
+    let mounted = node::mount(&metad, &settings, hint, segment.len(), &data_addrs).await?;
+    let (node_id, generation, term) = (mounted.node_id, mounted.generation, mounted.term);
     if node_id != hint {
         tracing::info!(node_id, "node id assigned by metad");
     }
@@ -82,7 +82,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     metrics.generation.set(generation as i64);
     let transport_stats = TransportStats::with_observer(Arc::new(Observer(metrics.clone())));
     let tracker = Tracker::new(generation);
-    tracker.observe_term(term);
+    mounted.apply_to(&tracker);
     let token = settings.token.as_ref().map(|t| t.as_bytes().to_vec());
     let server = if !segment.is_empty() {
         let cfg = ServerConfig {

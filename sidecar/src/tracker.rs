@@ -2,9 +2,11 @@
 //! admission check, the reservations in flight that every heartbeat reports, and the fencing of
 //! quarantined ones.
 //!
-//! * A write slice is admitted only for the current generation, a term not below the highest
-//!   term seen (slices and heartbeat replies raise it), and a reservation not fenced; the term
-//!   and the fence are checked again once the body has arrived.
+//! * A write slice is admitted only for the current generation, under a write grant of the
+//!   leader that covers it (when metad gave this generation a grant key; checked before the
+//!   term, so a forged term changes nothing), a term not below the highest term seen (slices
+//!   and heartbeat replies raise it), and a reservation not fenced; the term and the fence are
+//!   checked again once the body has arrived. A read needs a read grant likewise.
 //! * Reservations that slices arrived for are remembered (with their extents) until long after
 //!   the writer could still commit them; local clients copying into a reservation are tracked
 //!   by connection. Both are listed in every heartbeat: a new leader holds them as quarantined
@@ -19,9 +21,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use regolith_proto::common::{Extent, Version};
-use regolith_proto::dataplane::{Request, Status};
+use regolith_proto::dataplane::{Kind, Request, Status};
+use regolith_proto::grant::NodeKey;
 
-use crate::transport::{Admission, WriteGuard, WriteSlice};
+use crate::transport::{Admission, GrantCheck, WriteGuard, WriteSlice};
 
 /// A reservation, by its version.
 pub type Key = Version;
@@ -74,6 +77,7 @@ struct Inner {
 
 #[derive(Debug)]
 pub struct Tracker {
+    grants: GrantCheck,
     generation: AtomicU64,
     highest_term: AtomicU64,
     inner: Mutex<Inner>,
@@ -82,6 +86,7 @@ pub struct Tracker {
 impl Tracker {
     pub fn new(generation: u64) -> Arc<Self> {
         Arc::new(Self {
+            grants: GrantCheck::default(),
             generation: AtomicU64::new(generation),
             highest_term: AtomicU64::new(0),
             inner: Mutex::new(Inner::default()),
@@ -90,6 +95,17 @@ impl Tracker {
 
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// The grant key metad gave the mount of node `node`'s current generation (`None`: metad
+    /// signs nothing, every slice passes). Set before [`Self::set_generation`].
+    pub fn set_grant_key(&self, node: u64, key: Option<NodeKey>) {
+        self.grants.set(node, key);
+    }
+
+    /// Whether slices need grants.
+    pub fn grants_enforced(&self) -> bool {
+        self.grants.enforced()
     }
 
     /// A new generation: everything known about the old one is moot (metad dropped it).
@@ -220,6 +236,7 @@ impl Admission for TrackerAdmission {
         if req.generation != t.generation() {
             return Err(Status::BadGeneration);
         }
+        t.grants.check(Kind::Write, req)?;
         let before = t.highest_term.fetch_max(req.term, Ordering::AcqRel);
         if req.term < before {
             return Err(Status::StaleTerm);
@@ -246,11 +263,10 @@ impl Admission for TrackerAdmission {
     }
 
     fn admit_read(&self, req: &Request) -> Result<(), Status> {
-        if req.generation == self.0.generation() {
-            Ok(())
-        } else {
-            Err(Status::BadGeneration)
+        if req.generation != self.0.generation() {
+            return Err(Status::BadGeneration);
         }
+        self.0.grants.check(Kind::Read, req)
     }
 
     fn highest_term(&self) -> u64 {
@@ -280,6 +296,7 @@ mod tests {
             len: 4096,
             term,
             res_id: id,
+            grant: Default::default(),
         }
     }
 

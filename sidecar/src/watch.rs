@@ -251,6 +251,7 @@ fn replica_of(r: mpb::Replica) -> Replica {
         node_name: r.node_name,
         data_addrs: vec![],
         extents: r.extents,
+        grants: crate::ops::metad::grants_of(&r.grants),
     }
 }
 

@@ -121,6 +121,7 @@ async fn bench_32mib_loopback() {
         generation: 1,
         offset: 0,
         len: LEN as u64,
+        grant: Default::default(),
     };
     let mut h = vec![0u64; chunk_count(LEN as u64)];
     let mut w = Vec::new();

@@ -17,6 +17,7 @@ fn range(generation: u64, offset: u64, len: usize) -> RemoteRange {
         generation,
         offset,
         len: len as u64,
+        grant: Default::default(),
     }
 }
 
@@ -270,6 +271,7 @@ async fn wrong_token_is_refused_before_any_request() {
             len: 4,
             term: 1,
             res_id: 1,
+            grant: Default::default(),
         }
         .encode(),
     );

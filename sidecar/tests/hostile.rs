@@ -11,6 +11,7 @@ use common::*;
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use regolith_proto::checksum::chunk_count;
+use regolith_proto::dataplane;
 use regolith_proto::dataplane::{
     Hello, HelloReply, Kind, RefuseReason, Reply, Request, Status, HELLO_REPLY_LEN, REPLY_LEN,
 };
@@ -44,6 +45,7 @@ fn req(kind: Kind, req_id: u64, generation: u64, offset: u64, len: u32) -> Reque
         len,
         term: 1,
         res_id: 1,
+        grant: Default::default(),
     }
 }
 
@@ -63,6 +65,7 @@ async fn well_behaved_round_trip(client_node: &Node, server: &Node) {
         generation: GEN,
         offset: MIB as u64,
         len: data.len() as u64,
+        grant: Default::default(),
     };
     let mut h = vec![0u64; chunk_count(r.len)];
     client_node
@@ -112,7 +115,7 @@ async fn broken_handshakes_are_refused_and_closed() {
     let got = read_to_close(&mut s).await;
     let reply = HelloReply::decode(&got[..HELLO_REPLY_LEN].try_into().unwrap()).unwrap();
     assert_eq!(reply.verdict, Err(RefuseReason::UnsupportedVersion));
-    assert_eq!(reply.version, 1);
+    assert_eq!(reply.version, dataplane::VERSION);
 
     // A newer client is answered with our version.
     let mut h = Hello::new(1, TOKEN);
@@ -124,7 +127,7 @@ async fn broken_handshakes_are_refused_and_closed() {
     let reply = HelloReply::decode(&rb).unwrap();
     assert_eq!(
         (reply.verdict, reply.version, reply.node_id),
-        (Ok(()), 1, 2)
+        (Ok(()), dataplane::VERSION, 2)
     );
 
     // Truncated hellos, and a client that connects and says nothing, then leaves.

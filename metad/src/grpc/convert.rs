@@ -1,15 +1,17 @@
 //! Conversions between the wire types (`regolith_proto::metad`) and the core's types.
 
+use regolith_proto::dataplane::Kind;
 use regolith_proto::metad as pb;
 
 use crate::error::Error;
 use crate::feed::Change;
+use crate::grpc::grants::Grants;
 use crate::leader::{Heartbeat, PinKind, PlacedReplica, Placement, PutRequest, Reserved};
 use crate::ops::get::KeyInfo;
 use crate::ops::put::{CommitItem, Committed};
 use crate::ops::segments::SegmentView;
 use crate::ops::stats::Stats;
-use crate::ops::watch::{Kind, WatchMessage};
+use crate::ops::watch::{Kind as WatchKind, WatchMessage};
 use crate::ops::Member;
 use crate::types::{Extent, Pin, SegmentId, SegmentState, Version};
 
@@ -31,13 +33,15 @@ pub fn extent_from(e: &pb::Extent) -> Extent {
     Extent::new(e.offset, e.len)
 }
 
-pub fn replica(r: &PlacedReplica) -> pb::Replica {
+/// A replica of `version`, its extents granted for `kind` access.
+pub fn replica(r: &PlacedReplica, kind: Kind, version: Version, grants: &Grants) -> pb::Replica {
     pb::Replica {
         node_id: r.segment.node,
         generation: r.segment.generation,
         node_name: r.node_name.clone(),
         data_addrs: r.data_addrs.clone(),
         extents: r.extents.iter().map(extent).collect(),
+        grants: grants.sign(kind, r.segment, version, &r.extents),
     }
 }
 
@@ -60,23 +64,31 @@ pub fn put_request(req: &pb::ReserveRequest) -> PutRequest {
     }
 }
 
-pub fn reservation(r: &Reserved, leader_id: u64) -> pb::Reservation {
+pub fn reservation(r: &Reserved, leader_id: u64, grants: &Grants) -> pb::Reservation {
     pb::Reservation {
         version: Some(version(r.version)),
         key: r.key.clone(),
         size: r.size,
-        replicas: r.replicas.iter().map(replica).collect(),
+        replicas: r
+            .replicas
+            .iter()
+            .map(|p| replica(p, Kind::Write, r.version, grants))
+            .collect(),
         expires_in_ms: r.expires_in_ms,
         leader_id,
     }
 }
 
 /// One item of a (batch) reserve answer.
-pub fn reserve_response(r: &Result<Reserved, Error>, leader_id: u64) -> pb::ReserveResponse {
+pub fn reserve_response(
+    r: &Result<Reserved, Error>,
+    leader_id: u64,
+    grants: &Grants,
+) -> pb::ReserveResponse {
     match r {
         Ok(r) => pb::ReserveResponse {
             status: Some(ok()),
-            reservation: Some(reservation(r, leader_id)),
+            reservation: Some(reservation(r, leader_id, grants)),
         },
         Err(e) => pb::ReserveResponse {
             status: Some(status_of(e)),
@@ -177,14 +189,18 @@ pub fn key_info(k: &KeyInfo) -> pb::KeyInfo {
     }
 }
 
-pub fn placement(p: &Placement) -> pb::ObjectPlacement {
+pub fn placement(p: &Placement, grants: &Grants) -> pb::ObjectPlacement {
     pb::ObjectPlacement {
         status: Some(ok()),
         key: p.key.clone(),
         size: p.size,
         checksum: p.checksum,
         version: Some(version(p.version)),
-        replicas: p.replicas.iter().map(replica).collect(),
+        replicas: p
+            .replicas
+            .iter()
+            .map(|r| replica(r, Kind::Read, p.version, grants))
+            .collect(),
         lease_ms: p.lease_ms,
     }
 }
@@ -272,7 +288,7 @@ fn watch_segment(segment: &SegmentId, node_name: &str, data_addrs: &[String]) ->
     }
 }
 
-pub fn watch_change(c: &Change) -> pb::WatchChange {
+pub fn watch_change(c: &Change, grants: &Grants) -> pb::WatchChange {
     use pb::watch_change::Change as C;
     let change = match c {
         Change::Put { key, obj } => C::Put(pb::WatchObject {
@@ -287,6 +303,7 @@ pub fn watch_change(c: &Change) -> pb::WatchChange {
                     node_id: r.segment.node,
                     generation: r.segment.generation,
                     extents: r.extents.iter().map(extent).collect(),
+                    grants: grants.sign(Kind::Read, r.segment, obj.version, &r.extents),
                     ..Default::default()
                 })
                 .collect(),
@@ -305,18 +322,18 @@ pub fn watch_change(c: &Change) -> pb::WatchChange {
     }
 }
 
-pub fn watch_message(m: &WatchMessage) -> pb::WatchMessage {
+pub fn watch_message(m: &WatchMessage, grants: &Grants) -> pb::WatchMessage {
     use pb::watch_message::Kind as K;
     let kind = match m.kind {
-        Kind::Changes => K::Changes,
-        Kind::Reset => K::Reset,
-        Kind::Snapshot => K::Snapshot,
-        Kind::SnapshotEnd => K::SnapshotEnd,
+        WatchKind::Changes => K::Changes,
+        WatchKind::Reset => K::Reset,
+        WatchKind::Snapshot => K::Snapshot,
+        WatchKind::SnapshotEnd => K::SnapshotEnd,
     };
     pb::WatchMessage {
         kind: kind as i32,
         index: m.index,
-        changes: m.changes.iter().map(watch_change).collect(),
+        changes: m.changes.iter().map(|c| watch_change(c, grants)).collect(),
         applied_index: m.applied,
         term: m.term,
     }

@@ -13,12 +13,15 @@ use tonic::{Request, Response, Status};
 
 use crate::error::{Error, Result};
 use crate::grpc::convert;
+use crate::grpc::grants::Grants;
 use crate::ops::segments::{check_heartbeat_lists, Mount};
 use crate::ops::Ops;
 use crate::types::{SegmentId, Version};
 
 pub struct MetadService {
     pub ops: Arc<Ops>,
+    /// Signs the replicas handed out and gives each mount its key (finding 7).
+    pub grants: Grants,
     /// Ends the `Watch` streams at shutdown (the server's graceful stop waits for them).
     pub shutdown: regolith_proto::shutdown::Shutdown,
 }
@@ -67,7 +70,7 @@ impl MetadService {
         let out = self.ops.reserve(&reqs).await?;
         Ok(out
             .iter()
-            .map(|r| convert::reserve_response(r, self.ops.id))
+            .map(|r| convert::reserve_response(r, self.ops.id, &self.grants))
             .collect())
     }
 
@@ -92,7 +95,7 @@ impl MetadService {
             .iter()
             .zip(keys)
             .map(|(p, k)| match p {
-                Some(p) => convert::placement(p),
+                Some(p) => convert::placement(p, &self.grants),
                 None => convert::not_found(k),
             })
             .collect())
@@ -117,14 +120,17 @@ impl Metad for MetadService {
         self.ops.leader().await.map_err(status)?;
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         let (ops, shutdown) = (self.ops.clone(), self.shutdown.clone());
+        let grants = self.grants.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = ops.watch(r.after_index, r.node_id, tx) => {}
                 _ = shutdown.wait() => {}
             }
         });
-        let stream = tokio_stream::wrappers::ReceiverStream::new(rx)
-            .map(|m| m.map(|m| convert::watch_message(&m)).map_err(status));
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(move |m| {
+            m.map(|m| convert::watch_message(&m, &grants))
+                .map_err(status)
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -147,6 +153,10 @@ impl Metad for MetadService {
                 node_id: m.node_id,
                 generation: m.generation,
                 term: m.term,
+                grant_key: self.grants.node_key(SegmentId {
+                    node: m.node_id,
+                    generation: m.generation,
+                }),
             })
         })
         .await

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use futures::future::BoxFuture;
 use regolith_proto::client::MetadClient;
 use regolith_proto::common::{Extent, PutOptions, Version};
+use regolith_proto::grant::{Grant, Mac, MAC_LEN};
 use regolith_proto::metad as mpb;
 
 /// A call to metad that got no usable answer (unreachable, refused, timed out, ...).
@@ -23,6 +24,29 @@ pub struct Replica {
     pub data_addrs: Vec<SocketAddr>,
     /// Byte ranges of the segment, in object order.
     pub extents: Vec<Extent>,
+    /// The leader's grant MAC of each extent, in extent order (empty from a metad that signs
+    /// nothing; a holder with a grant key refuses slices without one).
+    pub grants: Vec<Mac>,
+}
+
+impl Replica {
+    /// The grant of extent `i` as the data plane carries it (a zero MAC when metad sent none).
+    pub fn grant(&self, i: usize) -> Grant {
+        let e = self.extents.get(i).copied().unwrap_or_default();
+        Grant {
+            offset: e.offset,
+            len: e.len,
+            mac: self.grants.get(i).copied().unwrap_or_default(),
+        }
+    }
+}
+
+/// metad's grants of a replica's extents; one that is not [`MAC_LEN`] bytes becomes a zero
+/// MAC (which no holder accepts) rather than shifting the others.
+pub fn grants_of(raw: &[Vec<u8>]) -> Vec<Mac> {
+    raw.iter()
+        .map(|g| g.as_slice().try_into().unwrap_or([0; MAC_LEN]))
+        .collect()
 }
 
 impl From<mpb::Replica> for Replica {
@@ -33,6 +57,7 @@ impl From<mpb::Replica> for Replica {
             node_name: r.node_name,
             data_addrs: r.data_addrs.iter().filter_map(|a| a.parse().ok()).collect(),
             extents: r.extents,
+            grants: grants_of(&r.grants),
         }
     }
 }

@@ -15,6 +15,9 @@ use crate::transport::{PeerAddrs, RemoteRange};
 pub struct Piece {
     /// Offset in the object.
     pub obj: u64,
+    /// Which source and destination extent the piece lies in.
+    pub src_ext: usize,
+    pub dst_ext: usize,
     /// Offset in the source memory.
     pub src: u64,
     /// Offset in the destination memory.
@@ -72,6 +75,8 @@ pub fn pieces(src: &[Extent], dst: &[Extent], size: u64) -> Vec<Piece> {
         }
         out.push(Piece {
             obj,
+            src_ext: si,
+            dst_ext: di,
             src: src[si].offset + s_used,
             dst: dst[di].offset + d_used,
             len: n,
@@ -137,6 +142,7 @@ impl Store {
                 generation: rep.generation,
                 offset: p.dst,
                 len: p.len,
+                grant: rep.grant(p.dst_ext),
             };
             self.data
                 .write(&peer, range, version, bytes, p.hashes(hashes)?)
@@ -174,6 +180,7 @@ impl Store {
                 generation: rep.generation,
                 offset: p.src,
                 len: p.len,
+                grant: rep.grant(p.src_ext),
             };
             self.data
                 .read(
@@ -197,8 +204,20 @@ mod tests {
         list.iter().map(|&(o, l)| span(o, l)).collect()
     }
 
-    fn piece(obj: u64, src: u64, dst: u64, len: u64) -> Piece {
-        Piece { obj, src, dst, len }
+    fn piece(
+        obj: u64,
+        (src_ext, src): (usize, u64),
+        (dst_ext, dst): (usize, u64),
+        len: u64,
+    ) -> Piece {
+        Piece {
+            obj,
+            src_ext,
+            dst_ext,
+            src,
+            dst,
+            len,
+        }
     }
 
     #[test]
@@ -208,14 +227,14 @@ mod tests {
         assert_eq!(
             pieces(&src, &dst, 150),
             vec![
-                piece(0, 1000, 0, 60),
-                piece(60, 1060, 200, 40),
-                piece(100, 5000, 240, 50)
+                piece(0, (0, 1000), (0, 0), 60),
+                piece(60, (0, 1060), (1, 200), 40),
+                piece(100, (1, 5000), (1, 240), 50)
             ]
         );
         assert_eq!(
             pieces(&ext(&[(0, 1 << 20)]), &ext(&[(64, 1 << 20)]), 10),
-            vec![piece(0, 0, 64, 10)]
+            vec![piece(0, (0, 0), (0, 64), 10)]
         );
         assert_eq!(pieces(&ext(&[(0, 10)]), &ext(&[(0, 10)]), 0), vec![]);
     }

@@ -107,6 +107,7 @@ impl FakeMetad {
                     node_name: format!("node-{}", node.id),
                     data_addrs: node.addrs.clone(),
                     extents,
+                    grants: Vec::new(),
                 }
             })
             .collect();

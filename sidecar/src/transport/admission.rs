@@ -1,5 +1,6 @@
 //! What a data-plane server asks before it touches segment memory (design §3 and §4): is the
-//! generation current, is the term not stale, is the reservation not fenced. The sidecar
+//! generation current, does the leader's grant cover the slice (finding 7; [`GrantCheck`]), is
+//! the term not stale, is the reservation not fenced. The sidecar
 //! implements [`Admission`] with its own state; [`BasicAdmission`] is a self-contained version
 //! for tests and tools.
 
@@ -7,8 +8,47 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-use regolith_proto::dataplane::{Request, Status};
+use parking_lot::{Mutex, RwLock};
+use regolith_proto::dataplane::{Kind, Request, Status};
+use regolith_proto::grant::{NodeKey, Scope};
+
+/// The grant key of this node's current segment generation, from its mount: with one, a slice
+/// is served only when it lies inside an extent the leader granted for its kind and version.
+/// Without one (a metad that signs nothing), every slice passes.
+#[derive(Debug, Default)]
+pub struct GrantCheck(RwLock<Option<(u64, NodeKey)>>);
+
+impl GrantCheck {
+    /// The key of node `node`'s generation (set before the generation itself, so that no
+    /// slice of the new generation is checked with the old key).
+    pub fn set(&self, node: u64, key: Option<NodeKey>) {
+        *self.0.write() = key.map(|k| (node, k));
+    }
+
+    pub fn enforced(&self) -> bool {
+        self.0.read().is_some()
+    }
+
+    /// FORBIDDEN unless `req`'s grant verifies for `kind` on this node and covers the slice.
+    pub fn check(&self, kind: Kind, req: &Request) -> Result<(), Status> {
+        let g = self.0.read();
+        let Some((node, key)) = g.as_ref() else {
+            return Ok(());
+        };
+        let scope = Scope {
+            kind,
+            node: *node,
+            generation: req.generation,
+            term: req.term,
+            id: req.res_id,
+        };
+        if req.grant.covers(req.offset, req.len.into()) && key.verify(&scope, &req.grant) {
+            Ok(())
+        } else {
+            Err(Status::Forbidden)
+        }
+    }
+}
 
 /// An admitted write slice. Dropping it marks the slice done (finished or abandoned), which is
 /// how the sidecar knows when a quarantined reservation has no slice left in flight.
@@ -24,13 +64,15 @@ pub type WriteGuard = Box<dyn WriteSlice>;
 /// Admission control for data-plane requests; called on the server's I/O tasks, so it must be
 /// quick and must not block.
 pub trait Admission: Send + Sync + 'static {
-    /// Refuses old generations (BAD_GENERATION), terms below the highest seen (STALE_TERM; a
-    /// higher term raises the highest seen), and fenced reservations (FENCED); else tracks the
-    /// slice as in flight until the returned guard is dropped.
+    /// Refuses old generations (BAD_GENERATION), slices no write grant covers (FORBIDDEN,
+    /// checked before the term), terms below the highest seen (STALE_TERM; a higher term
+    /// raises the highest seen), and fenced reservations (FENCED); else tracks the slice as in
+    /// flight until the returned guard is dropped.
     fn admit_write(&self, req: &Request) -> Result<WriteGuard, Status>;
 
-    /// Refuses old generations. A read's `(term, res_id)` is the version of the object being
-    /// read, which may be from any earlier term, so it is not compared with the highest term.
+    /// Refuses old generations and slices no read grant covers. A read's `(term, res_id)` is
+    /// the version of the object being read, which may be from any earlier term, so it is not
+    /// compared with the highest term.
     fn admit_read(&self, req: &Request) -> Result<(), Status>;
 
     /// The highest term seen, echoed in every reply.
@@ -39,6 +81,7 @@ pub trait Admission: Send + Sync + 'static {
 
 #[derive(Debug, Default)]
 struct Inner {
+    grants: GrantCheck,
     generation: AtomicU64,
     highest_term: AtomicU64,
     fenced: Mutex<HashSet<(u64, u64)>>,
@@ -72,6 +115,11 @@ impl BasicAdmission {
 
     pub fn set_generation(&self, generation: u64) {
         self.inner.generation.store(generation, Ordering::Release);
+    }
+
+    /// Checks grants made with `key` for node `node` from now on.
+    pub fn set_grant_key(&self, node: u64, key: NodeKey) {
+        self.inner.grants.set(node, Some(key));
     }
 
     /// Raises the highest term seen (e.g. from a heartbeat reply).
@@ -129,6 +177,7 @@ impl Drop for BasicGuard {
 impl Admission for BasicAdmission {
     fn admit_write(&self, req: &Request) -> Result<WriteGuard, Status> {
         self.check_generation(req)?;
+        self.inner.grants.check(Kind::Write, req)?;
         let before = self
             .inner
             .highest_term
@@ -146,7 +195,8 @@ impl Admission for BasicAdmission {
     }
 
     fn admit_read(&self, req: &Request) -> Result<(), Status> {
-        self.check_generation(req)
+        self.check_generation(req)?;
+        self.inner.grants.check(Kind::Read, req)
     }
 
     fn highest_term(&self) -> u64 {
@@ -157,7 +207,7 @@ impl Admission for BasicAdmission {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use regolith_proto::dataplane::Kind;
+    use regolith_proto::grant::{Grant, MasterKey};
 
     fn req(generation: u64, term: u64, res_id: u64) -> Request {
         Request {
@@ -168,7 +218,49 @@ mod tests {
             len: 10,
             term,
             res_id,
+            grant: Grant::default(),
         }
+    }
+
+    #[test]
+    fn with_a_key_only_granted_slices_pass_and_a_forged_term_leaves_no_trace() {
+        let key = MasterKey::from_secret(b"s").node_key(5, 3);
+        let a = BasicAdmission::new(3);
+        a.set_grant_key(5, key.clone());
+        let scope = |kind, term, id| Scope {
+            kind,
+            node: 5,
+            generation: 3,
+            term,
+            id,
+        };
+        let mut w = req(3, 2, 1);
+        w.offset = 100;
+        w.grant = key.grant(&scope(Kind::Write, 2, 1), 64, 1000);
+        assert!(a.admit_write(&w).is_ok());
+        // Outside the granted extent; another version; a read grant used to write.
+        let mut out = w;
+        out.offset = 1060;
+        assert_eq!(a.admit_write(&out).err(), Some(Status::Forbidden));
+        let mut other = w;
+        other.res_id = 2;
+        assert_eq!(a.admit_write(&other).err(), Some(Status::Forbidden));
+        let mut read_grant = w;
+        read_grant.grant = key.grant(&scope(Kind::Read, 2, 1), 64, 1000);
+        assert_eq!(a.admit_write(&read_grant).err(), Some(Status::Forbidden));
+        // A forged term: refused, and the highest term is what it was.
+        let mut forged = w;
+        forged.term = u64::MAX;
+        assert_eq!(a.admit_write(&forged).err(), Some(Status::Forbidden));
+        assert_eq!(a.highest_term(), 2);
+        // Reads need a read grant.
+        let mut r = w;
+        r.kind = Kind::Read;
+        assert_eq!(a.admit_read(&r), Err(Status::Forbidden));
+        r.grant = key.grant(&scope(Kind::Read, 2, 1), 64, 1000);
+        assert_eq!(a.admit_read(&r), Ok(()));
+        r.grant = Grant::default();
+        assert_eq!(a.admit_read(&r), Err(Status::Forbidden));
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 
 use regolith_proto::dataplane::Status;
+pub use regolith_proto::grant::Grant;
 
 use crate::error::Result;
 
@@ -24,7 +25,7 @@ pub mod stats;
 pub mod stripe;
 pub mod tcp;
 
-pub use admission::{Admission, BasicAdmission, WriteGuard, WriteSlice};
+pub use admission::{Admission, BasicAdmission, GrantCheck, WriteGuard, WriteSlice};
 pub use stats::{NicCounters, NicSnapshot, TransferEvent, TransferObserver, TransportStats};
 pub use stripe::{DataClient, StripeConfig, TransferReport};
 
@@ -51,12 +52,14 @@ pub struct PeerAddrs {
     pub addrs: Vec<SocketAddr>,
 }
 
-/// A byte range of a peer's segment.
+/// A byte range of a peer's segment, inside one extent the leader granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemoteRange {
     pub generation: u64,
     pub offset: u64,
     pub len: u64,
+    /// The leader's grant of the extent the range lies in ([`Grant::default`] without one).
+    pub grant: Grant,
 }
 
 /// An object version: the reservation `(term, id)` that wrote it (`common.proto`; its
@@ -71,6 +74,8 @@ pub struct SliceSpec {
     pub offset: u64,
     pub len: u32,
     pub version: Version,
+    /// The grant of the transfer's extent (every slice of a transfer lies in it).
+    pub grant: Grant,
 }
 
 /// How a slice failed.

@@ -481,6 +481,7 @@ impl<T: Transport> DataClient<T> {
             offset: job.range.offset + s.start,
             len: s.len,
             version: job.version,
+            grant: job.range.grant,
         };
         Box::pin(async move {
             let result = match &mut bufs {

@@ -26,8 +26,9 @@ use parking_lot::Mutex;
 use regolith_proto::auth::{constant_time_eq, MAX_TOKEN_LEN};
 use regolith_proto::checksum::{chunk_hash, CHUNK};
 use regolith_proto::dataplane::{
-    negotiate, Hello, HelloReply, Kind, RefuseReason, Reply, Request, Status, WireError, HELLO_LEN,
-    HELLO_REPLY_LEN, MAX_SLICE_LEN, REPLY_LEN, REQUEST_LEN, VERSION,
+    negotiate, request_len, Hello, HelloReply, Kind, RefuseReason, Reply, Request, Status,
+    WireError, HELLO_LEN, HELLO_REPLY_LEN, MAX_SLICE_LEN, MIN_VERSION, REPLY_LEN, REQUEST_LEN,
+    VERSION,
 };
 use regolith_proto::net::AcceptBackoff;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
@@ -101,6 +102,8 @@ pub struct TcpConnection {
     nic: Arc<NicCounters>,
     io_timeout: Duration,
     next_req: u64,
+    /// The protocol version the handshake settled on (the request header's layout).
+    version: u16,
 }
 
 fn io_err(peer: SocketAddr, op: &'static str) -> impl FnOnce(io::Error) -> Error {
@@ -146,7 +149,7 @@ impl TcpTransport {
         stream: &mut TcpStream,
         peer: SocketAddr,
         node: u64,
-    ) -> Result<()> {
+    ) -> Result<u16> {
         let hello = Hello::new(
             self.cfg.node_id,
             self.cfg.token.as_deref().unwrap_or_default(),
@@ -180,7 +183,13 @@ impl TcpTransport {
                 reason: format!("peer is node {}, expected node {node}", reply.node_id),
             });
         }
-        Ok(())
+        if reply.version < MIN_VERSION || reply.version > VERSION {
+            return Err(Error::Handshake {
+                peer,
+                reason: format!("peer chose protocol version {}", reply.version),
+            });
+        }
+        Ok(reply.version)
     }
 }
 
@@ -191,10 +200,10 @@ impl Transport for TcpTransport {
         let peer = pair.remote;
         let fut = async {
             let mut stream = self.dial(pair).await?;
-            self.client_handshake(&mut stream, peer, peer_node).await?;
-            Ok(stream)
+            let version = self.client_handshake(&mut stream, peer, peer_node).await?;
+            Ok((stream, version))
         };
-        let stream = timeout(self.cfg.connect_timeout, fut)
+        let (stream, version) = timeout(self.cfg.connect_timeout, fut)
             .await
             .map_err(timed_out(peer, "connect and handshake"))??;
         debug!(pair = %pair, node = peer_node, "data-plane connection up");
@@ -204,6 +213,7 @@ impl Transport for TcpTransport {
             nic: self.stats.nic(pair.local),
             io_timeout: self.cfg.io_timeout,
             next_req: 1,
+            version,
         })
     }
 }
@@ -227,6 +237,7 @@ impl TcpConnection {
             len: spec.len,
             term: spec.version.term,
             res_id: spec.version.id,
+            grant: spec.grant,
         }
     }
 
@@ -269,7 +280,8 @@ impl TcpConnection {
         // Hash a few chunks, then send them at once: still in L2 when the kernel copies them,
         // and a quarter of the syscalls of chunk-by-chunk sends. The header rides in the same
         // writev as the first group, so it does not leave as a packet of its own.
-        let head = req.encode();
+        let (head, head_len) = req.encode_for(self.version);
+        let head = &head[..head_len];
         let group = CHUNK * SEND_GROUP_CHUNKS;
         for (i, (piece, hs)) in src
             .chunks(group)
@@ -280,7 +292,7 @@ impl TcpConnection {
                 *h = chunk_hash(seed, c);
             }
             if i == 0 {
-                write_all_two(&mut self.stream, &head, piece).await
+                write_all_two(&mut self.stream, head, piece).await
             } else {
                 self.stream.write_all(piece).await
             }
@@ -288,7 +300,7 @@ impl TcpConnection {
             self.nic.add_out(piece.len());
         }
         if src.is_empty() {
-            self.stream.write_all(&head).await.map_err(conn_err)?;
+            self.stream.write_all(head).await.map_err(conn_err)?;
         }
         self.read_reply(&req).await.map(drop)
     }
@@ -300,8 +312,9 @@ impl TcpConnection {
         dst: &mut [u8],
         hashes: &mut [u64],
     ) -> std::result::Result<(), SliceError> {
+        let (head, head_len) = req.encode_for(self.version);
         self.stream
-            .write_all(&req.encode())
+            .write_all(&head[..head_len])
             .await
             .map_err(conn_err)?;
         self.read_reply(&req).await?;
@@ -464,8 +477,22 @@ impl ServerCtx {
             warn!(
                 busy = self.stats.refused_busy.load(Relaxed),
                 evicted = self.stats.evicted_pending.load(Relaxed),
+                bad_grants = self.stats.bad_grants.load(Relaxed),
                 "data plane: {what} (counts since start; next warning in {WARN_EVERY:?} at the earliest)"
             );
+        }
+    }
+
+    /// Counts a refused slice; one without a valid grant is an honest peer's bug or a hostile
+    /// one, so it is also warned about (rate-limited).
+    fn count_refusal(&self, peer: SocketAddr, req: &Request, status: Status) {
+        debug!(%peer, kind = ?req.kind, generation = req.generation, offset = req.offset, len = req.len, term = req.term, %status, "slice refused");
+        if status == Status::Forbidden {
+            self.stats.bad_grants.fetch_add(1, Relaxed);
+            self.warn_limited(&format!(
+                "refused a {:?} slice from {peer} without a valid grant (offset {}, {} bytes, version {}/{})",
+                req.kind, req.offset, req.len, req.term, req.res_id
+            ));
         }
     }
 }
@@ -704,7 +731,7 @@ async fn serve_conn(
     stream
         .set_nodelay(true)
         .map_err(io_err(peer, "TCP_NODELAY"))?;
-    let _slot = {
+    let (_slot, version) = {
         let _pending = PendingGuard {
             ctx,
             id: pending_id,
@@ -725,11 +752,13 @@ async fn serve_conn(
         }
     };
     let mut scratch = Vec::new();
+    let hdr_len = request_len(version);
     loop {
-        let mut hdr = [0u8; REQUEST_LEN];
+        let mut hdr_buf = [0u8; REQUEST_LEN];
+        let hdr = &mut hdr_buf[..hdr_len];
         match timeout(
             ctx.cfg.idle_timeout,
-            read_header(&mut stream, peer, &mut hdr, ctx),
+            read_header(&mut stream, peer, hdr, ctx),
         )
         .await
         {
@@ -740,9 +769,9 @@ async fn serve_conn(
                 }
             }
         }
-        let req = match Request::decode(&hdr, ctx.cfg.max_slice_len) {
+        let req = match Request::decode(hdr, ctx.cfg.max_slice_len) {
             Ok(r) => r,
-            Err(e) => return refuse_header(&mut stream, peer, ctx, &hdr, e).await,
+            Err(e) => return refuse_header(&mut stream, peer, ctx, hdr, e).await,
         };
         match req.kind {
             Kind::Write => handle_write(&mut stream, peer, ctx, nic, &req, &mut scratch).await?,
@@ -756,7 +785,7 @@ async fn server_handshake<'c>(
     stream: &mut TcpStream,
     peer: SocketAddr,
     ctx: &'c ServerCtx,
-) -> Result<AuthSlot<'c>> {
+) -> Result<(AuthSlot<'c>, u16)> {
     let mut fixed = [0u8; HELLO_LEN];
     stream
         .read_exact(&mut fixed)
@@ -801,7 +830,7 @@ async fn server_handshake<'c>(
         .await
         .map_err(io_err(peer, "send hello reply"))?;
     debug!(%peer, node = hello.node_id, version, "data-plane peer accepted");
-    Ok(slot)
+    Ok((slot, version))
 }
 
 async fn refuse<T>(
@@ -827,7 +856,7 @@ async fn refuse<T>(
 async fn read_header(
     stream: &mut TcpStream,
     peer: SocketAddr,
-    hdr: &mut [u8; REQUEST_LEN],
+    hdr: &mut [u8],
     ctx: &ServerCtx,
 ) -> Result<bool> {
     let n = stream
@@ -849,7 +878,7 @@ async fn refuse_header(
     stream: &mut TcpStream,
     peer: SocketAddr,
     ctx: &ServerCtx,
-    hdr: &[u8; REQUEST_LEN],
+    hdr: &[u8],
     e: WireError,
 ) -> Result<()> {
     let mut id = [0u8; 8];
@@ -895,15 +924,16 @@ async fn handle_write(
     req: &Request,
     scratch: &mut Vec<u8>,
 ) -> Result<()> {
-    let admitted = ctx.admission.admit_write(req).and_then(|g| {
-        ctx.segment
-            .range(req.offset, req.len.into())
-            .map(|_| g)
-            .map_err(|_| Status::OutOfRange)
-    });
+    // The range first: a refused slice must leave no trace (finding 7: a write far out of
+    // range with a huge term raised the node's highest term for good).
+    let admitted = ctx
+        .segment
+        .range(req.offset, req.len.into())
+        .map_err(|_| Status::OutOfRange)
+        .and_then(|_| ctx.admission.admit_write(req));
     let status = match admitted {
         Err(status) => {
-            debug!(%peer, generation = req.generation, offset = req.offset, len = req.len, %status, "write refused");
+            ctx.count_refusal(peer, req, status);
             drain(stream, peer, ctx, req.len as usize, scratch).await?;
             status
         }
@@ -958,15 +988,15 @@ async fn handle_read(
     nic: &NicCounters,
     req: &Request,
 ) -> Result<()> {
-    let admitted = ctx.admission.admit_read(req).and_then(|()| {
-        ctx.segment
-            .range(req.offset, req.len.into())
-            .map_err(|_| Status::OutOfRange)
-    });
+    let admitted = ctx
+        .segment
+        .range(req.offset, req.len.into())
+        .map_err(|_| Status::OutOfRange)
+        .and_then(|r| ctx.admission.admit_read(req).map(|()| r));
     let range = match admitted {
         Ok(r) => r,
         Err(status) => {
-            debug!(%peer, generation = req.generation, offset = req.offset, len = req.len, %status, "read refused");
+            ctx.count_refusal(peer, req, status);
             return send_reply(stream, peer, ctx, req, status).await;
         }
     };
