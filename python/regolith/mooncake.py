@@ -2,8 +2,9 @@
 Mooncake's Python API (argument names, defaults and return conventions), backed by Regolith.
 
 Return conventions (as Mooncake's): 0 on success and a negative Mooncake error code on failure
-(-704 not found, -705 already exists, -600 invalid parameters, -10 buffer too small, -200 no
-space, -900 sidecar unreachable, -1 not set up / closed); ``is_exist`` answers 1, 0 or a
+(-704 not found, -600 invalid parameters, -10 buffer too small, -200 no space, -900 sidecar
+unreachable, -1 not set up / closed); a put of a key that already exists answers 0, in every put
+form, as Mooncake's client does (it leaves the stored object as it was); ``is_exist`` answers 1, 0 or a
 negative code; ``get_into`` answers the bytes read; ``get`` answers ``b""`` on a miss;
 ``get_buffer`` answers None on a miss. Misuse of argument types raises ``TypeError`` as
 pybind11 would.
@@ -207,6 +208,17 @@ class MooncakeDistributedStore:
         except RegolithError as e:
             return self._fail(what, e)
 
+    def _put_status(self, what: str, fn_name: str, *args: Any) -> int:
+        """A put's code as Mooncake's client answers it: a key that already exists is success
+        (its PutStart maps OBJECT_ALREADY_EXISTS to OK; the stored object is left as it was)."""
+        code = self._status(what, fn_name, *args)
+        return OK if code == OBJECT_ALREADY_EXISTS else code
+
+    def _put_codes(self, what: str, n: int, fn_name: str, *args: Any) -> list[int]:
+        """Per-item codes of a batch put, an existing key answering 0 as in :meth:`_put_status`."""
+        codes = self._codes(what, n, fn_name, *args)
+        return [OK if c == OBJECT_ALREADY_EXISTS else c for c in codes]
+
     def _codes(self, what: str, n: int, fn_name: str, *args: Any) -> list[int]:
         """Per-item codes of a batch call answering None / an exception per item."""
         try:
@@ -251,20 +263,20 @@ class MooncakeDistributedStore:
     # ------------------------------------------------------------------ puts
 
     def put(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
-        return self._status(f"put {key!r}", "put", key, value, config)
+        return self._put_status(f"put {key!r}", "put", key, value, config)
 
     def put_from(
         self, key: str, buffer_ptr: int, size: int, config: ReplicateConfig | None = None
     ) -> int:
-        return self._status(f"put_from {key!r}", "put_from", key, buffer_ptr, size, config)
+        return self._put_status(f"put_from {key!r}", "put_from", key, buffer_ptr, size, config)
 
     def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
-        return self._status(f"put_parts {key!r}", "put_parts", key, list(parts), config)
+        return self._put_status(f"put_parts {key!r}", "put_parts", key, list(parts), config)
 
     def put_batch(
         self, keys: list[str], values: list[Any], config: ReplicateConfig | None = None
     ) -> int:
-        codes = self._codes("put_batch", len(keys), "batch_put", keys, values, config)
+        codes = self._put_codes("put_batch", len(keys), "batch_put", keys, values, config)
         return next((c for c in codes if c != OK), OK)
 
     def batch_put_from(
@@ -274,7 +286,7 @@ class MooncakeDistributedStore:
         sizes: list[int],
         config: ReplicateConfig | None = None,
     ) -> list[int]:
-        return self._codes(
+        return self._put_codes(
             "batch_put_from", len(keys), "batch_put_from", keys, buffer_ptrs, sizes, config
         )
 

@@ -134,7 +134,10 @@ def test_rdma_falls_back_to_tcp_and_says_so_once(cluster, caplog, monkeypatch):
 def test_put_get_codes(store, store_b, key):
     k = key()
     assert store.put(k, b"value") == 0
-    assert store.put(k, b"again") == -705
+    # As Mooncake's client: a put of an existing key answers 0 and leaves the object as it was.
+    assert store.put(k, b"again") == 0
+    assert store_b.get(k) == b"value"
+    assert store.put_batch([k, key()], [b"x", b"new"]) == 0
     assert store_b.get(k) == b"value"
     assert store.get(key("missing")) == b""
     assert store.get_size(k) == 5
@@ -161,7 +164,7 @@ def test_put_parts_and_batch_get_buffer(store, store_b, key):
     meta, kv = b"M" * 28, pattern(256 * 1024, seed=4)
     k = key()
     assert store.put_parts(k, meta, memoryview(kv)) == 0
-    assert store.put_parts(k, meta, kv) == -705
+    assert store.put_parts(k, b"other", kv) == 0  # exists: 0, nothing rewritten
     bufs = store_b.batch_get_buffer([k, key("missing")])
     assert bufs[1] is None
     h = bufs[0]
@@ -193,7 +196,7 @@ def test_register_buffer_put_from_get_into(store, store_b, key):
     cfg = mc.ReplicateConfig()
     cfg.replica_num = 1
     assert store.put_from(k, src.ctypes.data, src.nbytes, cfg) == 0
-    assert store.put_from(k, src.ctypes.data, src.nbytes) == -705
+    assert store.put_from(k, src.ctypes.data, src.nbytes) == 0  # exists: 0 as in Mooncake
     assert store_b.get_into(k, dst.ctypes.data, dst.nbytes) == MiB
     assert np.array_equal(src, dst)
     assert store_b.get_into(k, dst.ctypes.data, 100) == -10  # too small
@@ -228,7 +231,7 @@ def test_batch_put_from_batch_get_into(store, store_b, key):
     cfg = mc.ReplicateConfig()
     cfg.preferred_segment = store.get_hostname()
     assert store.batch_put_from(keys, ptrs, [size] * n, cfg) == [0] * n
-    assert store.batch_put_from(keys[:2], ptrs[:2], [size] * 2, cfg) == [-705, -705]
+    assert store.batch_put_from(keys[:2], ptrs[::-1][:2], [size] * 2, cfg) == [0, 0]
     out = [dst.ctypes.data + i * size for i in range(n)]
     assert store_b.batch_get_into(keys, out, [size] * n) == [size] * n
     assert np.array_equal(src, dst)
