@@ -382,6 +382,14 @@ impl Cluster {
             .unwrap_or_default()
     }
 
+    /// Sidecar `i`'s `/status` document (`Null` when it does not answer).
+    pub fn sidecar_status(&self, i: usize) -> serde_json::Value {
+        http_get(&self.sidecars[i].http, "/status")
+            .ok()
+            .and_then(|(_, b)| serde_json::from_str(&b).ok())
+            .unwrap_or_default()
+    }
+
     pub fn metad_status(&self, i: usize) -> Option<serde_json::Value> {
         let (code, body) = http_get(&self.metad[i].http, "/status").ok()?;
         (code == 200)

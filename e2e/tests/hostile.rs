@@ -666,6 +666,8 @@ fn finding_7_the_data_plane_serves_only_what_the_leader_granted() {
         victim.replicas[0].extents.len(),
         "metad grants every extent it hands out"
     );
+    let status = c.sidecar_status(1);
+    assert_eq!(status["grants_enforced"], true, "{status}");
     let mut s = data_plane(&c, 1);
 
     // What the leader granted is served: a read of the victim's first 4 KiB.

@@ -35,6 +35,7 @@ pub fn status_json(side: &Sidecar) -> serde_json::Value {
         "metad_term": term,
         "metad_leader": leader,
         "highest_term_seen": side.store.tracker.highest_term(),
+        "grants_enforced": side.store.tracker.grants_enforced(),
         "instance_id": side.instance_id,
         "puts": side.store.puts.load(Ordering::Relaxed),
         "gets": side.store.gets.load(Ordering::Relaxed),
