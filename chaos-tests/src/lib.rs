@@ -13,7 +13,8 @@
 //! * [`cluster`] — metad replicas in their hosts: start, kill, pause, restart, membership
 //!   changes, and the `/status` sampler.
 //! * [`status`] — parsing of `/status` samples (untrusted input) and the leader claims in them.
-//! * [`nemesis`] — every fault as a named [`nemesis::Nemesis`] with inject and heal.
+//! * [`nemesis`] — every fault as a named [`nemesis::Nemesis`] with inject and heal;
+//!   [`byzantine`] — the hostile client of the `byzantine-client` fault.
 //! * [`schedule`] — seeded fault schedules: the quick profile and the long one.
 //! * [`workload`] — the pluggable [`workload::Workload`] / [`workload::WorkloadClient`] traits
 //!   and the client loops; [`sidecars`] — the workload of real sidecars and the Rust client
@@ -28,6 +29,7 @@
 // a process; the few invariants that are ours alone say so where they are allowed.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod byzantine;
 pub mod checker;
 pub mod cluster;
 pub mod error;

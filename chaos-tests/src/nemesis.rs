@@ -5,12 +5,14 @@
 //! process faults are signals to the daemons; latency goes through [`crate::proxy`].
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
+use crate::byzantine;
 use crate::cluster::Cluster;
 use crate::error::{Error, Result};
 use crate::firewall::{self, Rule};
@@ -94,6 +96,10 @@ pub enum Fault {
     SidecarCrash { host: String },
     /// Delay added by the proxies in front of the data ports.
     DataPortLatency { delay: Duration },
+    /// A client on every sidecar host sending malformed and hostile frames to the sidecars'
+    /// sockets and data ports and to metad ([`crate::byzantine`]); heal stops it and fails
+    /// when a daemon took what it must refuse.
+    ByzantineClient,
 }
 
 impl Fault {
@@ -113,6 +119,7 @@ impl Fault {
             Fault::NicCut { host, nic } => format!("nic-cut-{host}-eth{nic}"),
             Fault::SidecarCrash { host } => format!("sidecar-crash-{host}"),
             Fault::DataPortLatency { delay } => format!("data-latency-{}ms", delay.as_millis()),
+            Fault::ByzantineClient => "byzantine-client".into(),
         }
     }
 
@@ -133,12 +140,17 @@ impl Fault {
             Fault::NicCut { .. } => "nic-cut",
             Fault::SidecarCrash { .. } => "sidecar-crash",
             Fault::DataPortLatency { .. } => "data-latency",
+            Fault::ByzantineClient => "byzantine-client",
         }
     }
 
-    /// Faults whose effect only a workload that moves bytes between sidecars can observe.
+    /// Faults whose effect only a workload that moves bytes between sidecars can observe, or
+    /// that act on real sidecars (their sockets and data ports).
     pub fn needs_data_plane(&self) -> bool {
-        matches!(self, Fault::NicCut { .. } | Fault::DataPortLatency { .. })
+        matches!(
+            self,
+            Fault::NicCut { .. } | Fault::DataPortLatency { .. } | Fault::ByzantineClient
+        )
     }
 
     pub fn nemesis(&self) -> Box<dyn Nemesis> {
@@ -162,6 +174,7 @@ impl Fault {
                 delay,
                 bytes_before: 0,
             }),
+            Fault::ByzantineClient => Box::new(ByzantineClient::default()),
         }
     }
 }
@@ -348,6 +361,95 @@ impl Nemesis for DataPortLatency {
             "data-port delay removed; {:.1} MiB went through the delayed proxies",
             moved as f64 / (1u64 << 20) as f64
         ))
+    }
+}
+
+// ---------------------------------------------------------------------------- hostile clients
+
+#[derive(Default)]
+struct ByzantineClient {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<byzantine::Tally>>,
+}
+
+/// What the attacker on each sidecar host aims at: its sidecar's socket, every sidecar's data
+/// ports, the running metad replicas' gRPC and HTTP ports.
+fn byzantine_targets(ctx: &FaultCtx<'_>) -> Result<Vec<byzantine::Targets>> {
+    let sidecars = sidecar_hosts(ctx.topo);
+    let mut data_ports = Vec::new();
+    for h in &sidecars {
+        let status = format!("{}:{}", h.addr(), crate::sidecars::METRICS_PORT);
+        for nic in &h.nics {
+            let addr = SocketAddr::new(nic.addr.into(), crate::sidecars::DATA_PORT);
+            data_ports.push((addr, status.clone()));
+        }
+    }
+    let replicas: Vec<Ipv4Addr> = ctx
+        .cluster
+        .member_ids()
+        .into_iter()
+        .filter_map(|id| ctx.cluster.replica(id).ok())
+        .filter(|r| r.running())
+        .map(|r| r.host.addr())
+        .collect();
+    let at = |port: u16| -> Vec<SocketAddr> {
+        replicas
+            .iter()
+            .map(|a| SocketAddr::new((*a).into(), port))
+            .collect()
+    };
+    let mut metad_http = at(crate::cluster::METRICS_PORT);
+    metad_http.extend(at(crate::cluster::KV_PORT));
+    let mut targets = Vec::new();
+    for host in sidecars {
+        let socket = crate::sidecars::socket_path(&ctx.topo.dir, &host.name);
+        if !socket.exists() {
+            return Err(Error::Config(format!(
+                "no sidecar socket at {} (the byzantine client needs real sidecars)",
+                socket.display()
+            )));
+        }
+        targets.push(byzantine::Targets {
+            host,
+            socket,
+            data_ports: data_ports.clone(),
+            metad_grpc: at(crate::cluster::GRPC_PORT),
+            metad_http: metad_http.clone(),
+            token: ctx.cluster.token().to_string(),
+        });
+    }
+    Ok(targets)
+}
+
+impl Nemesis for ByzantineClient {
+    fn name(&self) -> String {
+        Fault::ByzantineClient.name()
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        let targets = byzantine_targets(ctx)?;
+        let hosts: Vec<String> = targets.iter().map(|t| t.host.name.clone()).collect();
+        self.stop.store(false, Ordering::Relaxed);
+        self.threads = byzantine::start(targets, self.stop.clone())?;
+        Ok(format!("hostile clients on {hosts:?}"))
+    }
+    fn heal(&mut self, _ctx: &mut FaultCtx<'_>) -> Result<String> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut tally = byzantine::Tally::default();
+        for t in self.threads.drain(..) {
+            match t.join() {
+                Ok(part) => tally.merge(part),
+                Err(_) => tally.violation_line("an attacker thread panicked".into()),
+            }
+        }
+        let summary = tally.summary();
+        let failures = tally.failures();
+        if !failures.is_empty() {
+            return Err(Error::Cluster(format!(
+                "byzantine client: {}; counts: {summary}",
+                failures.join("; ")
+            )));
+        }
+        Ok(format!("hostile clients stopped; {summary}"))
     }
 }
 

@@ -27,6 +27,8 @@ pub fn default_hold(fault: &Fault) -> Duration {
         Fault::RestartAll => Duration::from_millis(1500),
         Fault::MembershipChange => Duration::from_millis(2000),
         Fault::KillLeader | Fault::SidecarCrash { .. } => Duration::from_millis(2000),
+        // Long enough for every probe kind to reach every daemon several times.
+        Fault::ByzantineClient => Duration::from_millis(4000),
         _ => Duration::from_millis(3000),
     }
 }
@@ -67,6 +69,7 @@ fn every_fault(rng: &mut StdRng, data_plane: bool) -> Vec<Fault> {
         Fault::DataPortLatency {
             delay: Duration::from_millis(rng.gen_range(20..200)),
         },
+        Fault::ByzantineClient,
     ];
     faults
         .into_iter()
@@ -130,7 +133,10 @@ mod tests {
         let q = quick(1, false);
         assert_eq!(q.len(), 11);
         assert!(q.iter().all(|s| !s.fault.needs_data_plane()));
-        assert_eq!(quick(1, true).len(), 13);
+        assert_eq!(quick(1, true).len(), 14);
+        assert!(quick(1, true)
+            .iter()
+            .any(|s| s.fault.kind() == "byzantine-client"));
         assert!(long(3, false)
             .take(100)
             .all(|s| !s.fault.needs_data_plane()));

@@ -504,6 +504,11 @@ fn proxy_nat_script(host: &Host) -> String {
 
 // ---------------------------------------------------------------------------- the workload
 
+/// The Unix socket of `host`'s sidecar in run directory `run_dir`.
+pub fn socket_path(run_dir: &Path, host: &str) -> PathBuf {
+    run_dir.join(format!("{host}.sock"))
+}
+
 /// The sidecar-backed workload (see the module documentation).
 pub struct SidecarWorkload {
     cfg: SidecarConfig,
@@ -573,7 +578,7 @@ impl Workload for SidecarWorkload {
         if !self.cfg.launch.program.exists() {
             return Err(Error::MissingBinary(self.cfg.launch.program.clone()));
         }
-        let socket = ctx.run_dir.join(format!("{}.sock", host.name));
+        let socket = socket_path(&ctx.run_dir, &host.name);
         let metrics_addr = format!("{}:{METRICS_PORT}", host.addr());
         let node = Arc::new(Node {
             args: sidecar_launch(&self.cfg, &ctx, &socket, &metrics_addr).args(),

@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 use common::init_logs;
 use regolith_chaos::cluster::{Cluster, MetadProgram};
 use regolith_chaos::firewall::{self, Rule};
-use regolith_chaos::history::History;
+use regolith_chaos::history::{EventKind, History};
 use regolith_chaos::metad_only::{MetadOnly, MetadOnlyConfig};
+use regolith_chaos::nemesis::Fault;
 use regolith_chaos::netns::{self, NsRuntime, Topology};
 use regolith_chaos::proxy::Proxy;
 use regolith_chaos::run::{run_profile, HarnessConfig, RunOutcome};
-use regolith_chaos::schedule;
+use regolith_chaos::schedule::{self, Step};
 use regolith_chaos::sidecars::{SidecarConfig, SidecarProgram, SidecarWorkload};
 use regolith_proto::client::{ClientConfig, MetadClient};
 
@@ -517,4 +518,60 @@ async fn put_until_stored(c: &MetadClient, node: u64, generation: u64, key: &str
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     panic!("could not store {key}");
+}
+
+/// The `byzantine-client` fault alone (issue 14): hostile clients on every sidecar host send
+/// garbage to the sidecars' sockets, slices without grants to their data ports, forged Votes
+/// and half-open connections to metad, while the workload runs. The checker must find nothing,
+/// the workload must keep being served during the fault, and the heal must show that the
+/// daemons answered the hostile traffic (refusals, not silence).
+#[test]
+fn a_byzantine_client_changes_no_verdict() {
+    init_logs();
+    let _one = one_profile_at_a_time();
+    let seed = seed();
+    let mut cfg = HarnessConfig::new(MetadProgram::built());
+    cfg.workload.seed = seed;
+    let fault = Fault::ByzantineClient;
+    let steps = vec![Step {
+        hold: schedule::default_hold(&fault),
+        fault,
+    }];
+    let started = Instant::now();
+    let workload = SidecarWorkload::new(SidecarConfig::new(SidecarProgram::built()));
+    let outcome = run_profile(cfg, workload, steps, None).expect("the harness ran");
+    print_outcome("byzantine client alone (sidecars)", seed, started, &outcome);
+    assert!(
+        outcome.passed(),
+        "the hostile client changed a verdict (seed {seed}):\n{outcome}"
+    );
+    let row = outcome
+        .report
+        .rows
+        .iter()
+        .find(|r| r.kind == "byzantine-client")
+        .expect("a row for the fault");
+    assert!(
+        row.ok > 0,
+        "no workload operation succeeded under the hostile client: {row:?}"
+    );
+    let healed = outcome
+        .recorded
+        .events
+        .iter()
+        .find_map(|e| match &e.kind {
+            EventKind::FaultHealed { fault, detail } if fault == "byzantine-client" => {
+                Some(detail.clone())
+            }
+            _ => None,
+        })
+        .expect("the fault was healed");
+    for answer in [
+        "FORBIDDEN",
+        "error INVALID_ARGUMENT",
+        "BadToken",
+        "forged vote refused",
+    ] {
+        assert!(healed.contains(answer), "no {answer:?} in: {healed}");
+    }
 }
