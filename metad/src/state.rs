@@ -718,7 +718,7 @@ impl StateMachine {
                 "state-machine snapshot format {version} is not supported (this build reads {SNAPSHOT_VERSION})"
             )));
         }
-        let h: Header = bincode::deserialize_from(&mut *r).map_err(to_io)?;
+        let h: Header = snapshot_record(r)?;
         let mut sm = StateMachine {
             next_node_id: h.next_node_id,
             counters: h.counters,
@@ -734,7 +734,7 @@ impl StateMachine {
             sm.segments.insert(s.id, s);
         }
         for _ in 0..h.objects {
-            let (k, o): (String, Object) = bincode::deserialize_from(&mut *r).map_err(to_io)?;
+            let (k, o): (String, Object) = snapshot_record(r)?;
             for p in o.replicas.pieces() {
                 let seg = p.segment();
                 let alloc = sm.free.get_mut(&seg).ok_or_else(|| {
@@ -755,7 +755,7 @@ impl StateMachine {
             }
         }
         for _ in 0..h.meta_entries {
-            let (k, v): (String, Vec<u8>) = bincode::deserialize_from(&mut *r).map_err(to_io)?;
+            let (k, v): (String, Vec<u8>) = snapshot_record(r)?;
             sm.meta.insert(k, v);
         }
         sm.recompute_usage();
@@ -774,6 +774,26 @@ impl StateMachine {
 
 fn replicas_bytes(obj: &Object) -> u64 {
     obj.replicas.bytes()
+}
+
+/// Most bytes one record of a state-machine snapshot (the header, one object, one metadata
+/// entry) may take. bincode reading from a stream sizes a string's or a byte vector's buffer by
+/// its length prefix before reading it: without a limit, a snapshot from the leader with a
+/// garbage prefix made this replica zero-fill gigabytes, abort on a failed allocation or panic
+/// on `capacity overflow` (`regolith-fuzz`'s `snapshot_state` keeps such inputs as
+/// regressions). No real record comes near this.
+const MAX_SNAPSHOT_RECORD: u64 = 256 << 20;
+
+/// One bincode record of a snapshot stream, as `bincode::deserialize_from` reads it (same
+/// encoding), refused past [`MAX_SNAPSHOT_RECORD`] bytes.
+fn snapshot_record<T: serde::de::DeserializeOwned>(r: &mut dyn Read) -> std::io::Result<T> {
+    use bincode::Options;
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+        .with_limit(MAX_SNAPSHOT_RECORD)
+        .deserialize_from(r)
+        .map_err(to_io)
 }
 
 fn to_io(e: bincode::Error) -> std::io::Error {

@@ -219,4 +219,42 @@ mod tests {
         assert_eq!(format!("{key:?}"), "NodeKey(<redacted>)");
         assert!(!format!("{:?}", MasterKey::from_secret(b"s")).contains('['));
     }
+
+    /// `covers` is the interval inclusion of exact (unbounded) arithmetic, with a slice or a
+    /// grant whose end passes 2^64 covering nothing: a peer's offsets near `u64::MAX` must not
+    /// wrap into a granted extent.
+    fn exact_covers(g: &Grant, offset: u64, len: u64) -> bool {
+        let (o, l, go, gl) = (offset as u128, len as u128, g.offset as u128, g.len as u128);
+        let max = u64::MAX as u128;
+        o + l <= max && go + gl <= max && o >= go && o + l <= go + gl
+    }
+
+    /// Offsets and lengths drawn near the edges where arithmetic goes wrong, and anywhere.
+    fn edgy() -> impl proptest::strategy::Strategy<Value = u64> {
+        use proptest::prelude::*;
+        prop_oneof![
+            0u64..1024,
+            (u64::MAX - 1024)..=u64::MAX,
+            ((1u64 << 63) - 512)..((1u64 << 63) + 512),
+            any::<u64>(),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn covers_is_exact_interval_inclusion(go in edgy(), gl in edgy(), o in edgy(), l in edgy()) {
+            let g = Grant { offset: go, len: gl, mac: [0; MAC_LEN] };
+            proptest::prop_assert_eq!(g.covers(o, l), exact_covers(&g, o, l));
+        }
+
+        #[test]
+        fn a_covered_slice_stays_covered_when_shrunk(go in edgy(), gl in edgy(), o in edgy(), l in edgy(), cut in 0u64..4096) {
+            let g = Grant { offset: go, len: gl, mac: [0; MAC_LEN] };
+            if g.covers(o, l) {
+                let cut = cut.min(l);
+                proptest::prop_assert!(g.covers(o + cut, l - cut));
+                proptest::prop_assert!(g.covers(o, l - cut));
+            }
+        }
+    }
 }

@@ -47,6 +47,49 @@ pub use crate::snapshot::SNAPSHOT_FORMAT_VERSION;
 pub use crate::state_machine::{AppliedHandle, SledSnapshotBuilder, SledStateMachine};
 pub use crate::stats::{LatencyHistogram, StorageStats};
 
+/// The decoders of what this crate reads back from disk and from a leader (sled records, snapshot
+/// files), for `regolith-fuzz`. Not an API: nothing else should call these.
+#[doc(hidden)]
+pub mod fuzz {
+    use std::path::Path;
+
+    use openraft::{BasicNode, Entry, RaftTypeConfig, SnapshotMeta};
+    use serde::de::DeserializeOwned;
+
+    use crate::Result;
+
+    /// A log-tree record: the entry stored under the 8-byte big-endian index `key`.
+    pub fn log_entry<C>(key: &[u8], value: &[u8]) -> Result<Entry<C>>
+    where
+        C: RaftTypeConfig<NodeId = u64, Node = BasicNode, Entry = Entry<C>>,
+    {
+        crate::log_store::decode_entry(key, value, Path::new("<fuzz>"))
+    }
+
+    /// A meta-tree record (vote, committed, last purged).
+    pub fn meta_record<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T> {
+        crate::log_store::decode_meta(key, bytes, Path::new("<fuzz>"))
+    }
+
+    /// Writes a snapshot file of `meta` and `payload` at `path` (seeds for the snapshot target).
+    pub fn write_snapshot_file(
+        path: &Path,
+        meta: &SnapshotMeta<u64, BasicNode>,
+        payload: &[u8],
+    ) -> Result<u64> {
+        use std::io::Write;
+        let mut w = crate::snapshot::SnapshotWriter::create(path, meta)?;
+        w.write_all(payload)
+            .map_err(|e| crate::Error::io("write snapshot payload", path, e))?;
+        w.finish()
+    }
+
+    /// Validates the snapshot file at `path` as on open or install: its meta and payload length.
+    pub fn snapshot_file(path: &Path) -> Result<(SnapshotMeta<u64, BasicNode>, u64)> {
+        crate::snapshot::validate(path).map(|h| (h.meta, h.payload_len))
+    }
+}
+
 /// Opens (creating if needed) the Raft storage in `dir`: the log store in `<dir>/raft.sled` and
 /// the state machine, restored from the newest snapshot in `<dir>/snapshots`. Both share one
 /// [`StorageStats`].

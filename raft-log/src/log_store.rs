@@ -220,6 +220,25 @@ fn decode<T: DeserializeOwned>(bytes: &[u8], what: impl Into<String>, path: &Pat
     })
 }
 
+/// One record of the log tree: the entry stored under `key`, which must be its index.
+pub(crate) fn decode_entry<C>(key: &[u8], value: &[u8], path: &Path) -> Result<Entry<C>>
+where
+    C: RaftTypeConfig<NodeId = u64, Node = BasicNode, Entry = Entry<C>>,
+{
+    let index = key_index(key, path)?;
+    let entry: Entry<C> = decode(value, format!("log entry {index}"), path)?;
+    if entry.log_id.index != index {
+        let reason = format!("entry {} stored under index {index}", entry.log_id);
+        return Err(Error::corrupt_log(path, reason));
+    }
+    Ok(entry)
+}
+
+/// One record of the meta tree (vote, committed, last purged), as `read_meta` decodes it.
+pub(crate) fn decode_meta<T: DeserializeOwned>(key: &str, bytes: &[u8], path: &Path) -> Result<T> {
+    decode(bytes, format!("meta key `{key}`"), path)
+}
+
 fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
@@ -261,9 +280,7 @@ where
             .meta
             .get(key)
             .map_err(|e| Error::sled("read the meta tree", &s.path, e))?;
-        bytes
-            .map(|b| decode(&b, format!("meta key `{key}`"), &s.path))
-            .transpose()
+        bytes.map(|b| decode_meta(key, &b, &s.path)).transpose()
     }
 
     fn write_meta<T: Serialize>(&self, key: &'static str, value: &T) -> Result<()> {
@@ -275,14 +292,7 @@ where
     }
 
     fn decode_entry(&self, key: &[u8], value: &[u8]) -> Result<Entry<C>> {
-        let path = &self.shared.path;
-        let index = key_index(key, path)?;
-        let entry: Entry<C> = decode(value, format!("log entry {index}"), path)?;
-        if entry.log_id.index != index {
-            let reason = format!("entry {} stored under index {index}", entry.log_id);
-            return Err(Error::corrupt_log(path, reason));
-        }
-        Ok(entry)
+        decode_entry(key, value, &self.shared.path)
     }
 
     /// Reads the entries in `range`, stopping before the entry that would take the encoded size
