@@ -58,7 +58,6 @@ pub fn metad_clients(settings: &Settings) -> Result<(MetadClient, MetadClient)> 
     Ok((main, hb))
 }
 
-/// Mounts the segment; returns (node id, generation, term). Retries until metad answers.
 /// What a mount gave this node.
 pub struct Mounted {
     pub node_id: u64,
@@ -100,6 +99,7 @@ impl Mounted {
     }
 }
 
+/// Mounts the segment. Retries until metad answers (a refusal of the request itself is final).
 pub async fn mount(
     metad: &MetadClient,
     settings: &Settings,
