@@ -608,7 +608,7 @@ fn ungranted_slices(
         tally.add(format!("data/sent {what}"));
         match slice(s, &req) {
             Some(r) => {
-                tally.add(format!("data/{}", status_name(r.status)));
+                tally.add(format!("data/{}", r.status.as_str()));
                 check_slice_reply(addr, what, &req, &r, tally);
             }
             None => {
@@ -634,20 +634,6 @@ fn slice(s: &mut TcpStream, req: &Request) -> Option<Reply> {
         s.read_exact(&mut sink).ok()?;
     }
     Some(r)
-}
-
-fn status_name(s: Status) -> &'static str {
-    match s {
-        Status::Ok => "OK",
-        Status::BadGeneration => "BAD_GENERATION",
-        Status::StaleTerm => "STALE_TERM",
-        Status::OutOfRange => "OUT_OF_RANGE",
-        Status::Fenced => "FENCED",
-        Status::TooLarge => "TOO_LARGE",
-        Status::BadRequest => "BAD_REQUEST",
-        Status::Internal => "INTERNAL",
-        Status::Forbidden => "FORBIDDEN",
-    }
 }
 
 /// No slice without a grant is served; a forged term never becomes the node's highest.

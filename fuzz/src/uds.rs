@@ -22,22 +22,15 @@ pub const REQUEST_OPS: [Op; 13] = [
 ];
 
 /// Reply opcodes: the request ones and `ERROR`.
-pub const REPLY_OPS: [Op; 14] = [
-    Op::Hello,
-    Op::PutBegin,
-    Op::PutCommit,
-    Op::PutAbort,
-    Op::Get,
-    Op::Exists,
-    Op::GetSize,
-    Op::Remove,
-    Op::RemoveAll,
-    Op::RegisterShm,
-    Op::UnregisterShm,
-    Op::ListSegments,
-    Op::Stats,
-    Op::Error,
-];
+pub const REPLY_OPS: [Op; REQUEST_OPS.len() + 1] = {
+    let mut ops = [Op::Error; REQUEST_OPS.len() + 1];
+    let mut i = 0;
+    while i < REQUEST_OPS.len() {
+        ops[i] = REQUEST_OPS[i];
+        i += 1;
+    }
+    ops
+};
 
 /// Byte 0 picks the opcode ([`REQUEST_OPS`]); the rest is the body, decoded as the sidecar's
 /// dispatch decodes that opcode's request.

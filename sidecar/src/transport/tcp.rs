@@ -469,7 +469,7 @@ struct ServerCtx {
 
 impl ServerCtx {
     /// At most one warning per [`WARN_EVERY`] for refusals that a flood repeats.
-    fn warn_limited(&self, what: &str) {
+    fn warn_limited(&self, what: impl std::fmt::Display) {
         let now = std::time::Instant::now();
         let mut last = self.warned.lock();
         if last.is_none_or(|t| now.duration_since(t) >= WARN_EVERY) {
@@ -489,7 +489,8 @@ impl ServerCtx {
         debug!(%peer, kind = ?req.kind, generation = req.generation, offset = req.offset, len = req.len, term = req.term, %status, "slice refused");
         if status == Status::Forbidden {
             self.stats.bad_grants.fetch_add(1, Relaxed);
-            self.warn_limited(&format!(
+            // Formatted only when a warning is due: a flood of them must stay cheap.
+            self.warn_limited(format_args!(
                 "refused a {:?} slice from {peer} without a valid grant (offset {}, {} bytes, version {}/{})",
                 req.kind, req.offset, req.len, req.term, req.res_id
             ));
