@@ -225,9 +225,12 @@ fn random_bytes(rng: &mut StdRng, n: usize) -> Vec<u8> {
     (0..n).map(|_| rng.gen()).collect()
 }
 
+/// Says when what arrived so far is a whole answer.
+type Enough<'a> = Option<&'a dyn Fn(&[u8]) -> bool>;
+
 /// Reads what the peer sends until it closes or is quiet for [`QUIET`] (or `enough` bytes
 /// arrived); returns the bytes and whether it closed.
-fn drain(s: &mut impl Read, enough: Option<&dyn Fn(&[u8]) -> bool>) -> (Vec<u8>, bool) {
+fn drain(s: &mut impl Read, enough: Enough<'_>) -> (Vec<u8>, bool) {
     let mut out = Vec::new();
     let mut buf = [0u8; 8192];
     loop {
@@ -760,7 +763,7 @@ fn raw_tcp(addr: SocketAddr, bytes: Vec<u8>, what: &str, tally: &mut Tally) {
 /// A request cut off inside its headers on one of metad's HTTP ports (the header timeout and
 /// connection cap are the server's defence; we hang up after [`QUIET`]).
 fn http_probe(addr: SocketAddr, round: u64, tally: &mut Tally) {
-    let partial: &[u8] = if round % 2 == 0 {
+    let partial: &[u8] = if round.is_multiple_of(2) {
         b"GET /status HTTP/1.1\r\nHost: byzantine\r\n"
     } else {
         b"PUT /kv/byzantine HTTP/1.1\r\nContent-Le"

@@ -66,6 +66,19 @@ pub struct Global {
         value_name = "FILE"
     )]
     pub cluster_token_file: Option<PathBuf>,
+    /// CA bundle (PEM) metad's certificate must chain to: turns TLS on for metad calls
+    /// [default: DIR/tls/ca.crt when --metad names a `regolith up --tls` cluster]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "REGOLITH_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) presented to metad (it asks for one of its CA)
+    #[arg(long, global = true, help_heading = GLOBAL, env = "REGOLITH_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert
+    #[arg(long, global = true, help_heading = GLOBAL, env = "REGOLITH_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Check metad's certificate against this DNS name instead of the address dialled
+    #[arg(long, global = true, help_heading = GLOBAL, env = "REGOLITH_TLS_SERVER_NAME", value_name = "NAME")]
+    pub tls_server_name: Option<String>,
     /// Directory of a `regolith up` cluster: `up` keeps its data there, the other subcommands
     /// read their defaults from DIR/cluster.json and DIR/token
     #[arg(long, global = true,
@@ -180,6 +193,10 @@ pub struct UpArgs {
     /// gets without a metad round trip; see docs/sidecar.md for what it trades)
     #[arg(long)]
     pub index: bool,
+    /// Mutual TLS everywhere: make a CA and a certificate per process in DIR/tls (new ones at
+    /// every start) and run gRPC (clients and Raft) and the data plane over TLS
+    #[arg(long)]
+    pub tls: bool,
 }
 
 #[derive(Args, Debug, Clone)]

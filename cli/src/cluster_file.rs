@@ -25,6 +25,17 @@ pub struct ClusterFile {
     pub token_file: PathBuf,
     pub metad: Vec<MetadEntry>,
     pub sidecars: Vec<SidecarEntry>,
+    /// The cluster's TLS material (`regolith up --tls`); absent in clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsEntry>,
+}
+
+/// Where `regolith up --tls` keeps the CA and the certificate its CLI calls present.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TlsEntry {
+    pub ca: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,6 +150,7 @@ mod tests {
                 })
                 .collect(),
             sidecars: vec![],
+            tls: None,
         }
     }
 

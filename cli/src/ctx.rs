@@ -8,12 +8,16 @@
 //! * token: `--cluster-token-file` / `REGOLITH_CLUSTER_TOKEN_FILE`, else the `token` of the
 //!   `regolith up` cluster (in `--dir`, or in the directory of `--socket`) whose replicas the
 //!   metad addresses name, else none. The token is never sent to a cluster it was not made for.
+//! * TLS: `--tls-ca` (with `--tls-cert`/`--tls-key`) / `REGOLITH_TLS_*`, else the CA and
+//!   client certificate of the `regolith up --tls` cluster that the metad addresses name,
+//!   else clear.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use regolith_client::{Client, ClientConfig};
 use regolith_proto::client::{parse_addrs, ClientConfig as MetadConfig, MetadClient};
+use regolith_proto::tls::{Tls, TlsArgs};
 
 use crate::args::Global;
 use crate::cluster_file::{ClusterFile, TOKEN};
@@ -104,11 +108,36 @@ impl Ctx {
         Ok(None)
     }
 
-    /// A metad client for the resolved addresses and token.
+    /// TLS for metad calls to `addrs`: the `--tls-*` flags, else the material of the
+    /// `regolith up --tls` cluster whose replicas `addrs` names, else none (clear).
+    pub fn tls(&self, addrs: &[String]) -> Result<Option<Tls>> {
+        let g = &self.global;
+        let mut flags = TlsArgs {
+            tls_ca: g.tls_ca.clone(),
+            tls_cert: g.tls_cert.clone(),
+            tls_key: g.tls_key.clone(),
+            tls_server_name: g.tls_server_name.clone(),
+            tls_reload_interval: None,
+        };
+        if flags.tls_ca.is_none() {
+            let up = self.cluster().filter(|c| c.names_metad(addrs));
+            if let Some(t) = up.and_then(|c| c.tls) {
+                flags.tls_ca = Some(t.ca);
+                if flags.tls_cert.is_none() && flags.tls_key.is_none() {
+                    flags.tls_cert = Some(t.client_cert);
+                    flags.tls_key = Some(t.client_key);
+                }
+            }
+        }
+        flags.load(false).map_err(|e| Error::usage(e.to_string()))
+    }
+
+    /// A metad client for the resolved addresses, token and TLS.
     pub fn metad_client(&self) -> Result<Metad> {
         let addrs = self.metad_addrs()?;
         let token = self.token(&addrs)?;
-        Metad::connect(addrs, token, self.global.timeout)
+        let tls = self.tls(&addrs)?;
+        Metad::connect(addrs, token, tls, self.global.timeout)
     }
 }
 
@@ -126,6 +155,7 @@ impl Metad {
     pub fn connect(
         addrs: Vec<String>,
         token: Option<String>,
+        tls: Option<Tls>,
         retry: std::time::Duration,
     ) -> Result<Self> {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -133,6 +163,7 @@ impl Metad {
             .build()?;
         let mut cfg = MetadConfig::new(addrs);
         cfg.token = token;
+        cfg.tls = tls;
         cfg.retry_deadline = retry;
         cfg.request_timeout = retry.clamp(
             std::time::Duration::from_millis(100),
@@ -162,6 +193,10 @@ mod tests {
         Global {
             socket: None,
             cluster_token_file: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_server_name: None,
             dir: dir.to_path_buf(),
             timeout: Duration::from_secs(1),
             verbose: 0,
@@ -192,6 +227,7 @@ mod tests {
                 log: dir.join("node-0.log"),
                 pid: None,
             }],
+            tls: None,
         }
         .save(dir)
         .unwrap();

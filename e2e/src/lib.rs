@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use regolith_client::{Client, ClientConfig};
 use regolith_proto::client::{ClientConfig as MetadConfig, MetadClient};
-use regolith_proto::launch::{MetadLaunch, SidecarLaunch};
+use regolith_proto::launch::{MetadLaunch, SidecarLaunch, TlsLaunch};
 use regolith_test_support::bins;
 
 /// The real `regolith-metad` of this build (panics, naming the `cargo build` command, when it
@@ -175,6 +175,23 @@ pub struct Cluster {
     pub peer_token_file: PathBuf,
     pub metad_bin: PathBuf,
     pub sidecar_bin: PathBuf,
+    /// The cluster's mutual-TLS material when it runs TLS ([`Cluster::start_tls`]): a CA
+    /// (`DIR/tls/ca.crt`) and `DIR/tls/NAME.{crt,key}` for `metad-ID`, every sidecar's name
+    /// and `client`.
+    pub tls_dir: Option<PathBuf>,
+}
+
+/// Sidecar `i`'s node name: node-a, node-b, …
+fn sidecar_name(i: usize) -> String {
+    format!("node-{}", (b'a' + i as u8) as char)
+}
+
+/// What every certificate of a TLS cluster names: loopback and every sidecar's NICs (one
+/// list for all keeps the material simple; production certificates name their own host).
+fn tls_sans(sidecars: usize) -> Vec<String> {
+    let mut sans = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+    sans.extend((0..sidecars).flat_map(nic_ips));
+    sans
 }
 
 /// Where a sidecar's two loopback NICs live: 127.0.<base+i>.1 and .2.
@@ -194,7 +211,33 @@ impl Cluster {
         metad_extra: &[&str],
         sidecar_extra: &[&str],
     ) -> Self {
+        Self::start_full(segment_sizes, metad_extra, sidecar_extra, false)
+    }
+
+    /// As [`Cluster::start_with`], with mutual TLS on gRPC (clients and Raft) and on the
+    /// data plane: one CA, a certificate per process naming 127.0.0.1 and every sidecar NIC.
+    pub fn start_tls(segment_sizes: &[&str], metad_extra: &[&str], sidecar_extra: &[&str]) -> Self {
+        Self::start_full(segment_sizes, metad_extra, sidecar_extra, true)
+    }
+
+    fn start_full(
+        segment_sizes: &[&str],
+        metad_extra: &[&str],
+        sidecar_extra: &[&str],
+        tls: bool,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
+        let tls_dir = tls.then(|| {
+            let d = dir.path().join("tls");
+            std::fs::create_dir_all(&d).expect("tls dir");
+            let mut names: Vec<String> = (1..=3).map(|id| format!("metad-{id}")).collect();
+            names.extend((0..segment_sizes.len()).map(sidecar_name));
+            names.push("client".into());
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            regolith_proto::pki::make_cluster(&d, &names, &tls_sans(segment_sizes.len()))
+                .expect("TLS material");
+            d
+        });
         let token_file = dir.path().join("token");
         std::fs::write(&token_file, format!("e2e-{}\n", rand::random::<u64>())).expect("token");
         // As `regolith up` does: replicas authenticate each other, and sign data-plane grants,
@@ -212,6 +255,7 @@ impl Cluster {
             token_file,
             metad_bin: metad_bin(),
             sidecar_bin: sidecar_bin(),
+            tls_dir,
             dir,
         };
         for id in 1..=3u64 {
@@ -238,7 +282,7 @@ impl Cluster {
         }
         c.wait_leader(Duration::from_secs(20));
         for (i, size) in segment_sizes.iter().enumerate() {
-            let name = format!("node-{}", (b'a' + i as u8) as char);
+            let name = sidecar_name(i);
             c.sidecars.push(SidecarProc {
                 socket: c.dir.path().join(format!("{name}.sock")),
                 http: format!("127.0.0.1:{}", free_port()),
@@ -273,8 +317,31 @@ impl Cluster {
             data_dir: Some(m.dir.clone()),
             cluster_token_file: Some(self.token_file.clone()),
             peer_token_file: Some(self.peer_token_file.clone()),
+            tls: self.tls_launch(&format!("metad-{}", m.id)),
             ..MetadLaunch::new(m.id)
         }
+    }
+
+    /// `NAME`'s TLS flags, when the cluster runs TLS.
+    pub fn tls_launch(&self, name: &str) -> Option<TlsLaunch> {
+        self.tls_dir.as_ref().map(|d| TlsLaunch {
+            ca: d.join("ca.crt"),
+            cert: d.join(format!("{name}.crt")),
+            key: d.join(format!("{name}.key")),
+        })
+    }
+
+    /// The client certificate's TLS (for metad calls), when the cluster runs TLS.
+    pub fn client_tls(&self) -> Option<regolith_proto::tls::Tls> {
+        let t = self.tls_launch("client")?;
+        regolith_proto::tls::TlsArgs {
+            tls_ca: Some(t.ca),
+            tls_cert: Some(t.cert),
+            tls_key: Some(t.key),
+            ..Default::default()
+        }
+        .load(false)
+        .expect("client TLS")
     }
 
     /// Starts replica `i` with `launch`'s flags and `env`, appending its stderr to its log.
@@ -306,6 +373,7 @@ impl Cluster {
     /// (Re)starts sidecar `i` with its persistent state dir.
     pub fn start_sidecar(&mut self, i: usize) {
         let metad = self.metad_addrs();
+        let tls = self.tls_launch(&self.sidecars[i].name);
         let s = &mut self.sidecars[i];
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -323,6 +391,7 @@ impl Cluster {
             state_dir: Some(s.state_dir.clone()),
             cluster_token_file: Some(self.token_file.clone()),
             nics: s.nics.clone(),
+            tls,
             extra: s.extra.iter().map(Into::into).collect(),
             ..SidecarLaunch::default()
         };
@@ -364,6 +433,7 @@ impl Cluster {
     pub fn metad_client(&self) -> MetadClient {
         let mut cfg = MetadConfig::new(self.metad.iter().map(|m| m.grpc.clone()).collect());
         cfg.token = Some(self.token());
+        cfg.tls = self.client_tls();
         cfg.retry_deadline = Duration::from_secs(20);
         MetadClient::new(cfg).expect("metad client")
     }

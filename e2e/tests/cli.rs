@@ -104,8 +104,13 @@ struct Up {
 
 impl Up {
     fn start(dir: &Path, base: u16) -> Up {
+        Self::start_with(dir, base, &[])
+    }
+
+    fn start_with(dir: &Path, base: u16, extra: &[&str]) -> Up {
         let mut c = regolith(dir);
         c.args(["up", "--base-port", &base.to_string()])
+            .args(extra)
             .arg("--metad-bin")
             .arg(metad_bin())
             .arg("--sidecar-bin")
@@ -521,7 +526,8 @@ fn bench_verifies_every_byte_and_reports_a_wrong_one() {
         assert_eq!(r["errors"].as_u64(), Some(0), "{r}");
         assert!(r["ops_per_s"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
         assert!(r["p50_us"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
-        for c in ["memcpy_gbps", "tcp_gbps", "tcp_rtt_us"] {
+        assert_eq!(report["data_plane_tls"], false, "{report}");
+        for c in ["memcpy_gbps", "tcp_gbps", "tcp_rtt_us", "tls_gbps"] {
             assert!(
                 report["ceilings"][c].as_f64().unwrap_or(0.0) > 0.0,
                 "{c}: {report}"
@@ -539,6 +545,70 @@ fn bench_verifies_every_byte_and_reports_a_wrong_one() {
             "{filter}: a wrong byte must be counted: {r}"
         );
     }
+    let st = up.terminate_and_wait(Duration::from_secs(30));
+    assert!(st.success(), "regolith up exited with {st}");
+}
+
+/// `regolith up --tls`: a CA and a certificate per process in DIR/tls, every daemon on mutual
+/// TLS; the other subcommands find the client certificate in cluster.json, `bench` reports
+/// the TLS data plane, and a call in clear is refused.
+#[test]
+fn up_tls_runs_every_daemon_over_mutual_tls() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("cluster");
+    let base = free_base_port();
+    let mut up = Up::start_with(&dir, base, &["--tls"]);
+    let dir = dir.canonicalize().expect("dir");
+    let shown = up.output();
+    for f in ["ca.crt", "client.crt", "client.key"] {
+        let p = dir.join("tls").join(f);
+        assert!(p.exists(), "{}", p.display());
+        assert!(
+            shown.contains(&format!("{}", p.display())),
+            "up prints the export line of {f}:\n{shown}"
+        );
+    }
+    let mode = std::fs::metadata(dir.join("tls/client.key")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(mode.permissions().mode() & 0o777, 0o600);
+
+    // Found through --dir: the cluster's CA and client certificate.
+    let mut c = regolith(&dir);
+    c.args(["status", "--json"]);
+    let st: serde_json::Value = serde_json::from_str(&ok(&run(c, None))).expect("status JSON");
+    assert_eq!(st["members"].as_array().map(Vec::len), Some(3), "{st}");
+
+    // Bytes cross the TLS data plane: put through node-0 onto node-1's segment, read back.
+    let input = tmp.path().join("in.bin");
+    let v = value(1 << 20 | 5);
+    std::fs::write(&input, &v).unwrap();
+    let mut c = regolith(&dir);
+    c.arg("--socket").arg(dir.join("node-1.sock"));
+    c.args(["put", "tls/1"]).arg(&input).arg("--prefer-local");
+    ok(&run(c, None));
+    let out = tmp.path().join("out.bin");
+    let mut c = regolith(&dir);
+    c.args(["get", "tls/1"])
+        .arg(&out)
+        .arg("--socket")
+        .arg(dir.join("node-0.sock"));
+    ok(&run(c, None));
+    assert!(std::fs::read(&out).unwrap() == v, "wrong bytes over TLS");
+
+    // bench says the data plane runs TLS.
+    let (st, report) = bench_row(&dir, "remote/64KiB/get_into", false);
+    assert!(st.success(), "{report}");
+    assert_eq!(report["data_plane_tls"], true, "{report}");
+    assert!(report["ceilings"]["tls_gbps"].as_f64().unwrap_or(0.0) > 0.0);
+
+    // Without the CA (an explicit other CA file): refused, saying why.
+    let other = tmp.path().join("other-ca.crt");
+    std::fs::copy(dir.join("tls/client.crt"), &other).unwrap();
+    let mut c = regolith(&dir);
+    c.args(["status", "--timeout", "1s", "--tls-ca"])
+        .arg(&other);
+    fails_with(&run(c, None), 1, "metad");
+
     let st = up.terminate_and_wait(Duration::from_secs(30));
     assert!(st.success(), "regolith up exited with {st}");
 }

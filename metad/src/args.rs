@@ -102,6 +102,9 @@ pub struct Args {
     /// Off by default: Mooncake's transfer engine sends none.
     #[arg(long, env = "REGOLITH_HTTP_METADATA_TOKEN_FILE")]
     pub http_metadata_token_file: Option<PathBuf>,
+    /// Mutual TLS on gRPC (clients and Raft): --tls-ca, --tls-cert, --tls-key.
+    #[command(flatten)]
+    pub tls: regolith_proto::tls::TlsArgs,
 
     /// Raft heartbeat interval (e.g. 100ms).
     #[arg(long, env = "REGOLITH_HEARTBEAT_INTERVAL")]
@@ -171,6 +174,11 @@ pub struct FileConfig {
     pub meta_max_bytes: Option<String>,
     pub meta_max_keys: Option<usize>,
     pub http_metadata_token_file: Option<PathBuf>,
+    pub tls_ca: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_server_name: Option<String>,
+    pub tls_reload_interval: Option<String>,
     pub heartbeat_interval: Option<String>,
     pub election_timeout_min: Option<String>,
     pub election_timeout_max: Option<String>,
@@ -199,6 +207,8 @@ pub struct Settings {
     pub http_metadata_addr: Option<SocketAddr>,
     /// The token the HTTP metadata KV requires, if any.
     pub http_metadata_token: Option<String>,
+    /// Mutual TLS on gRPC, served and dialled (Raft peers), if configured.
+    pub tls: Option<regolith_proto::tls::Tls>,
     pub cache: CacheConfig,
     pub heartbeat_interval: Duration,
     pub election_timeout_min: Duration,
@@ -443,6 +453,17 @@ impl Args {
             None => None,
         };
         cache.validate().map_err(Error::Config)?;
+        let tls = self
+            .tls
+            .or(regolith_proto::tls::TlsArgs {
+                tls_ca: file.tls_ca,
+                tls_cert: file.tls_cert,
+                tls_key: file.tls_key,
+                tls_server_name: file.tls_server_name,
+                tls_reload_interval: file.tls_reload_interval,
+            })
+            .load(true)
+            .map_err(|e| Error::Config(e.to_string()))?;
         let heartbeat_interval = dur(
             "heartbeat-interval",
             self.heartbeat_interval.or(file.heartbeat_interval),
@@ -505,6 +526,7 @@ impl Args {
             peer_token,
             http_metadata_addr,
             http_metadata_token,
+            tls,
             cache,
             heartbeat_interval,
             election_timeout_min,
@@ -644,6 +666,9 @@ mod tests {
         std::fs::write(&token, "launch-token\n").unwrap();
         let peer = dir.path().join("peer-token");
         std::fs::write(&peer, "launch-peer\n").unwrap();
+        let certs =
+            regolith_proto::pki::make_cluster(dir.path(), &["metad-2"], &["127.0.0.1".into()])
+                .unwrap();
         let launch = MetadLaunch {
             listen: Some("127.0.0.1:6001".into()),
             advertise: Some("10.0.0.1:6001".into()),
@@ -654,6 +679,11 @@ mod tests {
             cluster_token_file: Some(token),
             peer_token_file: Some(peer),
             http_metadata_addr: Some("127.0.0.1:6003".into()),
+            tls: Some(regolith_proto::launch::TlsLaunch {
+                ca: certs[0].ca.clone(),
+                cert: certs[0].cert.clone(),
+                key: certs[0].key.clone(),
+            }),
             worker_threads: Some(3),
             verbose: 2,
             extra: vec!["--node-ttl".into(), "3s".into()],
@@ -677,5 +707,9 @@ mod tests {
         assert_eq!(s.worker_threads, Some(3));
         assert_eq!(s.verbose, 2);
         assert_eq!(s.cache.node_ttl_ms, 3000);
+        assert_eq!(
+            s.tls.as_ref().map(|t| t.settings().files.ca.clone()),
+            Some(certs[0].ca.clone())
+        );
     }
 }

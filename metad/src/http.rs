@@ -99,7 +99,11 @@ fn metrics_route(node: &Node, req: Request<Incoming>) -> Response<Body> {
             Some(l) => text(StatusCode::OK, format!("ready: leader {l}\n")),
             None => text(StatusCode::SERVICE_UNAVAILABLE, "no leader known\n"),
         },
-        "/status" => json(&status_json(&node.ops.stats())),
+        "/status" => {
+            let mut doc = status_json(&node.ops.stats());
+            doc["tls"] = serde_json::Value::Bool(node.settings.tls.is_some());
+            json(&doc)
+        }
         _ => text(
             StatusCode::NOT_FOUND,
             "endpoints: /metrics /health /ready /status\n",
@@ -244,6 +248,7 @@ impl MetaKv {
                 }
                 let mut cfg = ClientConfig::new(addrs);
                 cfg.token = settings.token.clone();
+                cfg.tls = settings.tls.clone();
                 cfg.retry_deadline = std::time::Duration::from_secs(5);
                 MetadClient::new(cfg).map_err(|e| e.to_string())
             })

@@ -39,6 +39,9 @@ pub struct Metrics {
     pub watch_streams: IntGauge,
     pub watch_resyncs: IntCounter,
     pub accesses_reported: IntCounter,
+    pub tls_handshake_failures: IntCounter,
+    pub tls_reloads: IntGauge,
+    pub tls_reload_failures: IntGauge,
 }
 
 // Metric names and options are constants of this file: a failure to build or register one is
@@ -184,6 +187,21 @@ impl Metrics {
                 &r,
                 "accesses_reported_total",
                 "Object reads sidecars served from their index and reported with heartbeats",
+            ),
+            tls_handshake_failures: counter(
+                &r,
+                "tls_handshake_failures_total",
+                "gRPC connections closed because their TLS handshake failed or timed out",
+            ),
+            tls_reloads: gauge(
+                &r,
+                "tls_reloads",
+                "Certificate rotations loaded since start",
+            ),
+            tls_reload_failures: gauge(
+                &r,
+                "tls_reload_failures",
+                "Certificate rotations that did not load (the previous certificates stayed)",
             ),
             registry: r,
         }

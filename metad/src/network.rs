@@ -64,6 +64,8 @@ pub struct Network {
     pub connect_timeout: Duration,
     /// Told when a peer refuses this replica's vote for holding a longer log.
     pub outlogged: Outlogged,
+    /// Mutual TLS to the peers, when the replica serves TLS.
+    pub tls: Option<regolith_proto::tls::Tls>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -73,10 +75,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         let client = Endpoint::from_shared(format!("http://{}", node.addr))
             .ok()
             .map(|ep| {
-                let ch = ep
-                    .connect_timeout(self.connect_timeout)
-                    .tcp_nodelay(true)
-                    .connect_lazy();
+                let ep = ep.connect_timeout(self.connect_timeout).tcp_nodelay(true);
+                let ch = regolith_proto::tls::channel(ep, self.tls.as_ref());
                 RaftClient::with_interceptor(ch, self.interceptor.clone())
                     .max_decoding_message_size(self.max_message_bytes + OVERHEAD)
                     .max_encoding_message_size(self.max_message_bytes + OVERHEAD)

@@ -102,6 +102,7 @@ impl Node {
             append_budget_bytes: settings.max_entry_bytes,
             connect_timeout: Duration::from_secs(1),
             outlogged: outlogged.clone(),
+            tls: settings.tls.clone(),
         };
         let raft = Raft::new(settings.id, Arc::new(raft_cfg), network, log, sm)
             .await
@@ -213,7 +214,7 @@ impl Node {
         let threshold = self
             .settings
             .snapshot_bytes
-            .max(self.storage.last_snapshot_bytes() as u64);
+            .max(self.storage.last_snapshot_bytes());
         if appended.saturating_sub(*mark) < threshold {
             return;
         }
@@ -276,6 +277,10 @@ impl Node {
         m.appended_entries
             .set(self.storage.appended_entries() as i64);
         m.snapshots_built.set(self.storage.snapshot_builds() as i64);
+        if let Some(tls) = &self.settings.tls {
+            m.tls_reloads.set(tls.reloads() as i64);
+            m.tls_reload_failures.set(tls.reload_failures() as i64);
+        }
         m.snapshot_bytes
             .set(self.storage.last_snapshot_bytes() as i64);
         m.keys.set(s.keys as i64);

@@ -10,6 +10,7 @@ use regolith_proto::auth::{PeerCheck, TokenCheck};
 use regolith_proto::metad::metad_server::MetadServer;
 use regolith_proto::raft::raft_server::RaftServer;
 use regolith_proto::shutdown::Shutdown;
+use regolith_proto::tls::{accept_server_io, ServerIo, Tls};
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 
@@ -96,14 +97,21 @@ fn warn_if_unreachable(settings: &Settings) {
     }
 }
 
+/// How long an accepted gRPC connection has for its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The gRPC listener's connections as tonic takes them. tonic retries a failed accept at once
 /// (it spins at the fd limit), so failures are absorbed here with a back-off and never reach
 /// it. tonic sets TCP_NODELAY only on sockets it accepts itself; these are ours, and without it
-/// Nagle's algorithm and delayed ACKs add ~40 ms to any reply larger than one segment.
+/// Nagle's algorithm and delayed ACKs add ~40 ms to any reply larger than one segment. With
+/// TLS, each handshake runs in a task of its own (bounded in time), so a slow or silent client
+/// never holds up the accept loop; a failed handshake is logged at debug and counted.
 fn grpc_incoming(
     listener: TcpListener,
+    tls: Option<Tls>,
+    handshake_failures: prometheus::IntCounter,
     shutdown: Shutdown,
-) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<tokio::net::TcpStream>> {
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<ServerIo>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         let mut backoff = regolith_proto::net::AcceptBackoff::new("gRPC");
@@ -114,14 +122,29 @@ fn grpc_incoming(
                 () = tx.closed() => return,
             };
             match accepted {
-                Ok((s, _)) => {
+                Ok((s, peer)) => {
                     backoff.succeeded();
                     if let Err(e) = s.set_nodelay(true) {
                         tracing::debug!(error = %e, "TCP_NODELAY");
                     }
-                    if tx.send(Ok(s)).await.is_err() {
-                        return;
-                    }
+                    let Some(tls) = &tls else {
+                        if tx.send(Ok(ServerIo::Plain(s))).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    };
+                    let (tls, tx, failures) = (tls.clone(), tx.clone(), handshake_failures.clone());
+                    tokio::spawn(async move {
+                        match accept_server_io(Some(&tls), s, TLS_HANDSHAKE_TIMEOUT).await {
+                            Ok(io) => {
+                                let _ = tx.send(Ok(io)).await;
+                            }
+                            Err(e) => {
+                                failures.inc();
+                                tracing::debug!(%peer, error = %e, "gRPC TLS handshake failed");
+                            }
+                        }
+                    });
                 }
                 Err(e) => tokio::select! {
                     () = backoff.pause_after(&e) => {}
@@ -183,8 +206,17 @@ impl Replica {
             raft,
             PeerCheck::new(settings.token.clone(), settings.peer_token.clone()),
         );
-        tracing::info!(addr = %settings.listen, id = node.ops.id, "gRPC listening");
-        let incoming = grpc_incoming(listeners.grpc, shutdown.clone());
+        tracing::info!(addr = %settings.listen, id = node.ops.id, tls = settings.tls.is_some(), "gRPC listening");
+        let incoming = grpc_incoming(
+            listeners.grpc,
+            settings.tls.clone(),
+            node.ops.metrics.tls_handshake_failures.clone(),
+            shutdown.clone(),
+        );
+        let reloader = settings
+            .tls
+            .as_ref()
+            .and_then(|t| t.spawn_reloader(shutdown.clone()));
         let sd = shutdown.clone();
         let grpc = tonic::transport::Server::builder()
             .tcp_nodelay(true)
@@ -206,6 +238,9 @@ impl Replica {
         let _ = http.await;
         if let Some(kv) = kv {
             let _ = kv.await;
+        }
+        if let Some(r) = reloader {
+            let _ = r.await;
         }
         node.stop().await;
         tracing::info!("stopped");

@@ -39,6 +39,8 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// How long a call keeps retrying across elections before it gives up.
     pub retry_deadline: Duration,
+    /// Mutual TLS to every replica (`--tls-ca`, `--tls-cert`, `--tls-key`); clear without.
+    pub tls: Option<crate::tls::Tls>,
 }
 
 impl ClientConfig {
@@ -49,6 +51,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(5),
             retry_deadline: Duration::from_secs(15),
+            tls: None,
         }
     }
 }
@@ -173,7 +176,7 @@ impl MetadClient {
                         .http2_keep_alive_interval(Duration::from_secs(1))
                         .keep_alive_timeout(Duration::from_secs(2))
                         .keep_alive_while_idle(true);
-                    let c = ep.connect_lazy();
+                    let c = crate::tls::channel(ep, self.inner.cfg.tls.as_ref());
                     chans.insert(addr.to_string(), c.clone());
                     c
                 }

@@ -15,6 +15,24 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+/// `--tls-ca`, `--tls-cert`, `--tls-key`: a daemon's mutual-TLS material.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsLaunch {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl Argv {
+    fn tls(&mut self, tls: Option<&TlsLaunch>) {
+        if let Some(t) = tls {
+            self.opt("--tls-ca", Some(t.ca.clone()));
+            self.opt("--tls-cert", Some(t.cert.clone()));
+            self.opt("--tls-key", Some(t.key.clone()));
+        }
+    }
+}
+
 /// The command line of one `regolith-metad` replica.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MetadLaunch {
@@ -38,6 +56,8 @@ pub struct MetadLaunch {
     pub peer_token_file: Option<PathBuf>,
     /// `--enable-http-metadata-server --http-metadata-addr ADDR`: the HTTP metadata KV.
     pub http_metadata_addr: Option<String>,
+    /// Mutual TLS on gRPC (clients and Raft).
+    pub tls: Option<TlsLaunch>,
     /// `--worker-threads`.
     pub worker_threads: Option<usize>,
     /// `-v` this many times.
@@ -69,6 +89,8 @@ pub struct SidecarLaunch {
     pub metrics_addr: Option<String>,
     /// `--huge-pages`: `auto`, `never` or `require`.
     pub huge_pages: Option<String>,
+    /// Mutual TLS on the data plane and to metad.
+    pub tls: Option<TlsLaunch>,
     /// `--worker-threads`.
     pub worker_threads: Option<usize>,
     /// `--test-hooks`: the test-only hooks on the metrics port.
@@ -146,6 +168,7 @@ impl MetadLaunch {
             self.http_metadata_addr.is_some(),
         );
         a.opt("--http-metadata-addr", self.http_metadata_addr.clone());
+        a.tls(self.tls.as_ref());
         a.opt(
             "--worker-threads",
             self.worker_threads.map(|n| n.to_string()),
@@ -174,6 +197,7 @@ impl SidecarLaunch {
         a.opt("--socket", self.socket.clone());
         a.opt("--metrics-addr", self.metrics_addr.clone());
         a.opt("--huge-pages", self.huge_pages.clone());
+        a.tls(self.tls.as_ref());
         a.opt(
             "--worker-threads",
             self.worker_threads.map(|n| n.to_string()),

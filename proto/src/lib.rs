@@ -30,7 +30,12 @@
 //! * `daemon` — the daemons' shared `main` shell: argv, logging, runtime, signals, exit code.
 //! * `launch` — `launch::MetadLaunch` / `launch::SidecarLaunch`: a daemon's command line,
 //!   typed, for every Rust launcher.
+//! * `tls` — mutual TLS (rustls) for gRPC and the data plane: certificate files, rotation
+//!   without a restart, the stream types and tonic's connector.
 //! * `error` — the error enum of the metad client and token files.
+//!
+//! With the `pki` feature (the CLI, tests): `pki`, a private CA issuing certificates for a
+//! cluster's mutual TLS.
 
 // No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic
 // a process; the few invariants that are ours alone say so where they are allowed.
@@ -73,6 +78,10 @@ pub mod httpd;
 pub mod launch;
 #[cfg(feature = "grpc")]
 pub mod leader;
+#[cfg(any(feature = "pki", test))]
+pub mod pki;
+#[cfg(feature = "grpc")]
+pub mod tls;
 
 /// Generated code of `proto/metad.proto`; the shared messages are re-exported under their names.
 #[cfg(feature = "grpc")]

@@ -89,6 +89,10 @@ pub struct Args {
     #[arg(long, hide = true, env = "REGOLITH_TEST_HOOKS")]
     pub test_hooks: bool,
     /// TOML file with any of these settings (keys are the flag names with `_`).
+    /// Mutual TLS on the data plane (served and dialled) and to metad: --tls-ca, --tls-cert,
+    /// --tls-key.
+    #[command(flatten)]
+    pub tls: regolith_proto::tls::TlsArgs,
     #[arg(long, env = "REGOLITH_CONFIG")]
     pub config: Option<PathBuf>,
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
@@ -122,6 +126,11 @@ pub struct FileConfig {
     pub huge_pages: Option<String>,
     pub worker_threads: Option<usize>,
     pub log_format: Option<String>,
+    pub tls_ca: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_server_name: Option<String>,
+    pub tls_reload_interval: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -131,6 +140,8 @@ pub struct Settings {
     pub segment_size: u64,
     pub metad: Vec<String>,
     pub token: Option<String>,
+    /// Mutual TLS (data plane and metad), if configured.
+    pub tls: Option<regolith_proto::tls::Tls>,
     pub nics: Vec<IpAddr>,
     pub data_port: u16,
     pub slice_size: u32,
@@ -238,6 +249,17 @@ impl Args {
             }
             None => None,
         };
+        let tls = self
+            .tls
+            .or(regolith_proto::tls::TlsArgs {
+                tls_ca: file.tls_ca,
+                tls_cert: file.tls_cert,
+                tls_key: file.tls_key,
+                tls_server_name: file.tls_server_name,
+                tls_reload_interval: file.tls_reload_interval,
+            })
+            .load(true)
+            .map_err(|e| cfg(e.to_string()))?;
         let data_port = self.data_port.or(file.data_port).unwrap_or(7600);
         let nic_args = if self.nics.is_empty() {
             file.nic.unwrap_or_default()
@@ -331,6 +353,7 @@ impl Args {
             segment_size,
             metad,
             token,
+            tls,
             nics,
             data_port,
             slice_size: slice as u32,
@@ -447,6 +470,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("token");
         std::fs::write(&token, "launch-token\n").unwrap();
+        let certs =
+            regolith_proto::pki::make_cluster(dir.path(), &["node-x"], &["127.0.0.2".into()])
+                .unwrap();
         let launch = SidecarLaunch {
             node_name: Some("node-x".into()),
             state_dir: Some(dir.path().join("state")),
@@ -458,6 +484,11 @@ mod tests {
             socket: Some(dir.path().join("s.sock")),
             metrics_addr: Some("127.0.0.1:9400".into()),
             huge_pages: Some("never".into()),
+            tls: Some(regolith_proto::launch::TlsLaunch {
+                ca: certs[0].ca.clone(),
+                cert: certs[0].cert.clone(),
+                key: certs[0].key.clone(),
+            }),
             worker_threads: Some(2),
             test_hooks: true,
             verbose: 1,
@@ -482,6 +513,10 @@ mod tests {
         assert!(s.test_hooks);
         assert_eq!(s.verbose, 1);
         assert_eq!(s.max_in_flight, 7);
+        assert_eq!(
+            s.tls.as_ref().map(|t| t.settings().files.cert.clone()),
+            Some(Some(certs[0].cert.clone()))
+        );
     }
 
     /// Every flag `python/regolith/_launch.py` starts a sidecar with is one of ours, and the

@@ -36,6 +36,7 @@ pub fn status_json(side: &Sidecar) -> serde_json::Value {
         "metad_leader": leader,
         "highest_term_seen": side.store.tracker.highest_term(),
         "grants_enforced": side.store.tracker.grants_enforced(),
+        "tls": side.settings.tls.is_some(),
         "instance_id": side.instance_id,
         "puts": side.store.puts.load(Ordering::Relaxed),
         "gets": side.store.gets.load(Ordering::Relaxed),
@@ -49,6 +50,7 @@ fn refresh(side: &Sidecar) {
         ("busy", &st.refused_busy),
         ("evicted_pending", &st.evicted_pending),
         ("bad_grant", &st.bad_grants),
+        ("tls_handshake", &st.refused_tls),
     ] {
         side.metrics
             .data_plane_refusals

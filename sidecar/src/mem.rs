@@ -116,6 +116,25 @@ pub(crate) fn recv_into(
     }
 }
 
+/// Copies `src` into `map` at `offset` through the mapping's pointer, making no slice of the
+/// shared memory (the TLS data plane's counterpart of [`recv_into`]: the bytes arrive
+/// decrypted in a buffer of ours, not from the kernel).
+pub(crate) fn copy_into(map: &MmapRaw, offset: usize, src: &[u8]) -> io::Result<()> {
+    let ptr = window(map, offset, src.len())?;
+    // SAFETY: `[ptr, ptr + src.len())` lies inside the live mapping; `src` is private memory
+    // of this process, so the two do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr, src.len()) };
+    Ok(())
+}
+
+/// Copies `dst.len()` bytes of `map` at `offset` into `dst` (the counterpart of [`send_from`]).
+pub(crate) fn copy_from(map: &MmapRaw, offset: usize, dst: &mut [u8]) -> io::Result<()> {
+    let ptr = window(map, offset, dst.len())?;
+    // SAFETY: as in `copy_into`, reading the mapping.
+    unsafe { std::ptr::copy_nonoverlapping(ptr.cast_const(), dst.as_mut_ptr(), dst.len()) };
+    Ok(())
+}
+
 /// One non-blocking `send(2)` of up to `len` bytes of `map` at `offset` to `sock`.
 pub(crate) fn send_from(
     map: &MmapRaw,

@@ -50,6 +50,7 @@ pub struct Sidecar {
 pub fn metad_clients(settings: &Settings) -> Result<(MetadClient, MetadClient)> {
     let mut cfg = ClientConfig::new(settings.metad.clone());
     cfg.token = settings.token.clone();
+    cfg.tls = settings.tls.clone();
     let main = MetadClient::new(cfg.clone()).map_err(Error::metad)?;
     cfg.request_timeout = Duration::from_millis(800);
     cfg.connect_timeout = Duration::from_millis(500);

@@ -93,6 +93,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
                 .collect(),
             node_id,
             token: token.clone(),
+            tls: settings.tls.clone(),
             ..ServerConfig::default()
         };
         match TcpServer::start(
@@ -116,6 +117,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         TcpConfig {
             node_id,
             token,
+            tls: settings.tls.clone(),
             ..TcpConfig::default()
         },
         transport_stats.clone(),
@@ -156,6 +158,10 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         server: Mutex::new(server),
     });
     side.heartbeat_once().await;
+    let tls_reloader = settings
+        .tls
+        .as_ref()
+        .and_then(|t| t.spawn_reloader(shutdown.clone()));
     let hb = tokio::spawn(side.clone().heartbeat_loop(shutdown.clone()));
     let watch = tokio::spawn(crate::watch::run(
         index,
@@ -181,6 +187,9 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         s.shutdown().await;
     }
     let _ = http.await;
+    if let Some(r) = tls_reloader {
+        let _ = r.await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

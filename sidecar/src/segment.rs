@@ -214,6 +214,24 @@ impl Segment {
         }
     }
 
+    /// Copies `src` into the segment at `offset`, through the mapping (no slice is made).
+    pub fn write_at(&self, offset: u64, src: &[u8]) -> std::io::Result<()> {
+        match &self.map {
+            Some(map) => mem::copy_into(map, to_usize(offset)?, src),
+            None if src.is_empty() => Ok(()),
+            None => Err(std::io::ErrorKind::InvalidInput.into()),
+        }
+    }
+
+    /// Copies `dst.len()` bytes of the segment at `offset` into `dst`.
+    pub fn read_at(&self, offset: u64, dst: &mut [u8]) -> std::io::Result<()> {
+        match &self.map {
+            Some(map) => mem::copy_from(map, to_usize(offset)?, dst),
+            None if dst.is_empty() => Ok(()),
+            None => Err(std::io::ErrorKind::InvalidInput.into()),
+        }
+    }
+
     /// `[offset, offset + len)` as a shared slice.
     ///
     /// # Safety

@@ -5,7 +5,10 @@
 //! batch_put_from, batch_get_into, exists, batch_exists. Per cell: ops/s, GB/s (10^9 bytes),
 //! p50, p99, errors. Every get is verified byte-exact, outside the timed window; a put whose
 //! placement is not where the mode says counts as an error. The machine's ceilings (memcpy of
-//! 16 MiB into non-cache-resident memory, one-stream loopback TCP) are measured in the same run.
+//! 16 MiB into non-cache-resident memory, one-stream loopback TCP, and one-stream loopback
+//! mutual TLS with the data plane's rustls configuration) are measured in the same run; against
+//! a cluster whose data plane runs TLS (`regolith up --tls`), remote rows are compared with the
+//! TLS ceiling.
 //! With `--json` stdout carries one JSON object and nothing else.
 
 use std::io::{Read, Write};
@@ -108,11 +111,17 @@ pub struct Ceilings {
     /// Round trip of 32 bytes between two threads over loopback TCP, p50: the floor under any
     /// request/reply latency on this machine (it moves with how idle the cores are).
     pub tcp_rtt_us: f64,
+    /// One mutual-TLS stream over loopback (rustls, the data plane's configuration): the
+    /// ceiling of a TLS data plane, and beside `tcp_gbps` what encryption costs here.
+    pub tls_gbps: f64,
 }
 
 #[derive(Serialize, Debug)]
 pub struct Report {
     pub ceilings: Ceilings,
+    /// The sidecar's data plane runs over TLS (remote rows are then measured against
+    /// `tls_gbps`).
+    pub data_plane_tls: bool,
     pub results: Vec<Row>,
 }
 
@@ -204,6 +213,66 @@ pub fn tcp_rtt() -> Result<f64> {
         .map_err(|_| Error::Failed("TCP round-trip echo thread panicked".into()))??;
     lat.sort();
     Ok(percentile(&lat, 0.5))
+}
+
+/// One mutual-TLS stream over loopback between two tasks, with the data plane's rustls
+/// configuration (certificates of a throwaway CA), the median of 3.
+pub async fn tls_ceiling() -> Result<f64> {
+    use regolith_proto::tls::{Protocol, TlsArgs};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const TOTAL: usize = 256 << 20;
+    let dir = std::env::temp_dir().join(format!("regolith-bench-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let made = regolith_proto::pki::make_cluster(&dir, &["bench"], &["127.0.0.1".into()]);
+    let tls = made.and_then(|files| {
+        TlsArgs {
+            tls_ca: Some(files[0].ca.clone()),
+            tls_cert: Some(files[0].cert.clone()),
+            tls_key: Some(files[0].key.clone()),
+            ..TlsArgs::default()
+        }
+        .load(true)
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    let tls = tls
+        .map_err(|e| Error::Failed(format!("TLS ceiling: {e}")))?
+        .ok_or_else(|| Error::Failed("TLS ceiling: no configuration".into()))?;
+    let mut rounds = Vec::new();
+    for _ in 0..3 {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = l.local_addr()?;
+        let server = tls.clone();
+        let rx = tokio::spawn(async move {
+            let (tcp, _) = l.accept().await?;
+            let mut s = server.accept(Protocol::Data, tcp).await?;
+            let mut buf = vec![0u8; 1 << 20];
+            let mut got = 0;
+            while got < TOTAL {
+                let n = s.read(&mut buf).await?;
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+            s.write_all(b"k").await?;
+            s.flush().await
+        });
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let mut s = tls.connect(Protocol::Data, "127.0.0.1", tcp).await?;
+        let buf = vec![1u8; 1 << 20];
+        let start = Instant::now();
+        for _ in 0..TOTAL / buf.len() {
+            s.write_all(&buf).await?;
+        }
+        s.flush().await?;
+        let mut ack = [0u8; 1];
+        s.read_exact(&mut ack).await?;
+        rounds.push(TOTAL as f64 / start.elapsed().as_secs_f64() / 1e9);
+        rx.await
+            .map_err(|_| Error::Failed("TLS ceiling receiver failed".into()))??;
+    }
+    Ok(median(&mut rounds))
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -703,7 +772,8 @@ pub fn run(ctx: &Ctx, a: &BenchArgs) -> Result<()> {
     let memcpy = memcpy_ceiling();
     let tcp = tcp_ceiling()?;
     let rtt = tcp_rtt()?;
-    eprintln!("  memcpy {memcpy:.2} GB/s, loopback TCP {tcp:.2} GB/s, TCP round trip {rtt:.1} us");
+    let tls = rt.block_on(tls_ceiling())?;
+    eprintln!("  memcpy {memcpy:.2} GB/s, loopback TCP {tcp:.2} GB/s, TCP round trip {rtt:.1} us, loopback TLS {tls:.2} GB/s");
     let report = rt.block_on(async {
         let mut clients = Vec::new();
         for i in 0..a.clients.max(1) {
@@ -712,6 +782,7 @@ pub fn run(ctx: &Ctx, a: &BenchArgs) -> Result<()> {
             clients.push(AsyncClient::connect(cfg).await?);
         }
         let node = clients[0].node_name().await?;
+        let data_plane_tls = clients[0].stats().await.map(|s| s.tls).unwrap_or(false);
         let segs = clients[0].list_segments().await?;
         let others: Vec<String> = segs
             .iter()
@@ -779,7 +850,9 @@ pub fn run(ctx: &Ctx, a: &BenchArgs) -> Result<()> {
                 memcpy_gbps: memcpy,
                 tcp_gbps: tcp,
                 tcp_rtt_us: rtt,
+                tls_gbps: tls,
             },
+            data_plane_tls,
             results: rows,
         })
     })?;
@@ -801,7 +874,13 @@ pub fn run(ctx: &Ctx, a: &BenchArgs) -> Result<()> {
 
 fn print_table(r: &Report) {
     let c = &r.ceilings;
-    eprintln!("ceilings: memcpy {:.2} GB/s (16 MiB, not cache-resident), loopback TCP {:.2} GB/s (one stream), TCP round trip p50 {:.1} us", c.memcpy_gbps, c.tcp_gbps, c.tcp_rtt_us);
+    eprintln!("ceilings: memcpy {:.2} GB/s (16 MiB, not cache-resident), loopback TCP {:.2} GB/s (one stream), TCP round trip p50 {:.1} us, loopback TLS {:.2} GB/s (one stream, {:.2} of TCP)", c.memcpy_gbps, c.tcp_gbps, c.tcp_rtt_us, c.tls_gbps, c.tls_gbps / c.tcp_gbps);
+    let remote_ceiling = if r.data_plane_tls {
+        eprintln!("data plane: mutual TLS (remote rows' ratio is to the loopback TLS ceiling)");
+        c.tls_gbps
+    } else {
+        c.tcp_gbps
+    };
     eprintln!(
         "{:<7} {:>6} {:<15} {:>5} {:>12} {:>8} {:>7} {:>10} {:>10} {:>6}",
         "mode", "size", "op", "batch", "ops/s", "GB/s", "ratio", "p50 us", "p99 us", "errors"
@@ -810,7 +889,7 @@ fn print_table(r: &Report) {
         let ceiling = if row.mode == "local" {
             c.memcpy_gbps
         } else {
-            c.tcp_gbps
+            remote_ceiling
         };
         let ratio = if row.gbps > 0.0 {
             format!("{:.2}", row.gbps / ceiling)

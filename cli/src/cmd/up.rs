@@ -24,14 +24,14 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use crate::args::{UpArgs, DEFAULT_DIR};
-use crate::cluster_file::{self, ClusterFile, MetadEntry, SidecarEntry};
+use crate::cluster_file::{self, ClusterFile, MetadEntry, SidecarEntry, TlsEntry};
 use crate::cmd::status;
 use crate::ctx::{Ctx, Metad};
 use crate::error::{Error, Result};
 use crate::format::Table;
 use crate::layout::{self, Layout};
 use crate::procs::{self, Proc, Spec};
-use regolith_proto::launch::{MetadLaunch, SidecarLaunch};
+use regolith_proto::launch::{MetadLaunch, SidecarLaunch, TlsLaunch};
 
 const METAD_BIN: &str = "regolith-metad";
 const SIDECAR_BIN: &str = "regolith-sidecar";
@@ -54,7 +54,13 @@ pub fn run(ctx: &Ctx, args: &UpArgs) -> Result<()> {
     check_ports(&layout)?;
     clear_stale_sockets(&dir)?;
     let token_file = ensure_token(&dir)?;
+    let tls = if args.tls {
+        Some(make_tls(&dir, &layout)?)
+    } else {
+        None
+    };
     let mut up = Up::new(dir, layout, token_file, bins, args, ctx.global.verbose);
+    up.tls = tls;
     up.default_dir = ctx.global.dir == Path::new(DEFAULT_DIR);
     up.describe().save(&up.dir)?;
     tracing::info!(dir = %up.dir.display(), metad = args.metad, sidecars = args.sidecars, "starting the cluster");
@@ -258,6 +264,81 @@ fn ensure_secret(dir: &Path, name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// `regolith up --tls`: a CA and one certificate per process in `DIR/tls`, made afresh at every
+/// start (the CA's key is not kept: nothing can issue into the cluster afterwards).
+struct UpTls {
+    dir: PathBuf,
+    ca: PathBuf,
+}
+
+impl UpTls {
+    fn files(&self, name: &str) -> TlsLaunch {
+        TlsLaunch {
+            ca: self.ca.clone(),
+            cert: self.dir.join(format!("{name}.crt")),
+            key: self.dir.join(format!("{name}.key")),
+        }
+    }
+
+    fn client(&self) -> TlsLaunch {
+        self.files(TLS_CLIENT)
+    }
+
+    fn load_client(&self) -> Result<regolith_proto::tls::Tls> {
+        let c = self.client();
+        regolith_proto::tls::TlsArgs {
+            tls_ca: Some(c.ca),
+            tls_cert: Some(c.cert),
+            tls_key: Some(c.key),
+            ..Default::default()
+        }
+        .load(false)
+        .map_err(|e| Error::Failed(e.to_string()))?
+        .ok_or_else(|| Error::Failed("TLS material missing".into()))
+    }
+}
+
+/// The certificate the CLI presents to metad.
+const TLS_CLIENT: &str = "client";
+
+fn make_tls(dir: &Path, layout: &Layout) -> Result<UpTls> {
+    use regolith_proto::pki::{write_pem, Ca};
+    let tls_dir = dir.join("tls");
+    std::fs::create_dir_all(&tls_dir).map_err(|source| Error::File {
+        what: "cannot create",
+        path: tls_dir.clone(),
+        source,
+    })?;
+    let pki = |e: regolith_proto::Error| Error::Failed(format!("regolith up --tls: {e}"));
+    let ca = Ca::new("Regolith local cluster CA").map_err(pki)?;
+    let ca_path = tls_dir.join("ca.crt");
+    write_pem(&ca_path, ca.cert_pem(), false).map_err(pki)?;
+    let local = ["localhost".to_string(), "127.0.0.1".to_string()];
+    for m in &layout.metad {
+        let mut sans = local.to_vec();
+        sans.push(m.grpc.ip().to_string());
+        sans.dedup();
+        let name = format!("metad-{}", m.id);
+        ca.issue(&name, &sans)
+            .and_then(|c| c.write(&tls_dir, &name, &ca_path))
+            .map_err(pki)?;
+    }
+    for s in &layout.sidecars {
+        let mut sans = local.to_vec();
+        sans.extend(s.nics.iter().map(|ip| ip.to_string()));
+        ca.issue(&s.name, &sans)
+            .and_then(|c| c.write(&tls_dir, &s.name, &ca_path))
+            .map_err(pki)?;
+    }
+    ca.issue("regolith CLI", &["regolith-cli".to_string()])
+        .and_then(|c| c.write(&tls_dir, TLS_CLIENT, &ca_path))
+        .map_err(pki)?;
+    Ok(UpTls {
+        dir: tls_dir,
+        ca: ca_path,
+    })
+}
+
 // ------------------------------------------------------------------ the cluster
 
 struct Up {
@@ -274,6 +355,8 @@ struct Up {
     child_verbose: u8,
     /// `--dir` was left at its default.
     default_dir: bool,
+    /// `--tls`: where the certificates are.
+    tls: Option<UpTls>,
     metad: Vec<Proc>,
     sidecars: Vec<Proc>,
     /// Children whose unexpected exit was already reported.
@@ -300,6 +383,7 @@ impl Up {
             stop_timeout: args.stop_timeout,
             child_verbose: u8::from(verbose >= 2),
             default_dir: false,
+            tls: None,
             metad: Vec::new(),
             sidecars: Vec::new(),
             reported: Vec::new(),
@@ -356,6 +440,14 @@ impl Up {
                     pid: pid(&self.sidecars, &s.name),
                 })
                 .collect(),
+            tls: self.tls.as_ref().map(|t| {
+                let c = t.client();
+                TlsEntry {
+                    ca: c.ca,
+                    client_cert: c.cert,
+                    client_key: c.key,
+                }
+            }),
         }
     }
 
@@ -391,6 +483,7 @@ impl Up {
                 cluster_token_file: Some(self.token_file.clone()),
                 peer_token_file: Some(ensure_secret(&self.dir, cluster_file::PEER_TOKEN)?),
                 http_metadata_addr: Some(m.http_metadata.to_string()),
+                tls: self.tls.as_ref().map(|t| t.files(&name)),
                 worker_threads: Some(1),
                 verbose: self.child_verbose,
                 ..MetadLaunch::new(m.id)
@@ -420,6 +513,7 @@ impl Up {
                 data_port: Some(s.data_port),
                 socket: Some(self.socket(&s.name)),
                 metrics_addr: Some(s.metrics.to_string()),
+                tls: self.tls.as_ref().map(|t| t.files(&s.name)),
                 verbose: self.child_verbose,
                 extra: if self.index {
                     vec!["--index".into()]
@@ -523,9 +617,14 @@ impl Up {
 
     /// The status table, once every segment is mounted and alive (or after a few seconds).
     fn status_table(&self) -> Result<String> {
+        let tls = match &self.tls {
+            Some(t) => Some(t.load_client()?),
+            None => None,
+        };
         let metad = Metad::connect(
             self.layout.metad_addrs(),
             Some(self.token()?),
+            tls,
             Duration::from_secs(10),
         )?;
         let until = Instant::now() + Duration::from_secs(5);
@@ -541,7 +640,7 @@ impl Up {
 
     fn export_lines(&self) -> Vec<String> {
         let first = self.layout.sidecars[0].name.clone();
-        vec![
+        let mut lines = vec![
             format!("export REGOLITH_METAD={}", self.layout.metad_list()),
             format!(
                 "export REGOLITH_SOCKET={}",
@@ -551,7 +650,14 @@ impl Up {
                 "export REGOLITH_CLUSTER_TOKEN_FILE={}",
                 shell_quote(&self.token_file)
             ),
-        ]
+        ];
+        if let Some(t) = &self.tls {
+            let c = t.client();
+            lines.push(format!("export REGOLITH_TLS_CA={}", shell_quote(&c.ca)));
+            lines.push(format!("export REGOLITH_TLS_CERT={}", shell_quote(&c.cert)));
+            lines.push(format!("export REGOLITH_TLS_KEY={}", shell_quote(&c.key)));
+        }
+        lines
     }
 
     fn print_ready(&self) -> Result<()> {
@@ -782,6 +888,7 @@ mod tests {
                 ready_timeout: Duration::from_secs(1),
                 stop_timeout: Duration::from_secs(1),
                 index: false,
+                tls: false,
             },
             0,
         );

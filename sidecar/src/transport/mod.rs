@@ -10,6 +10,7 @@
 //!   other pairs.
 //! * [`admission`] — the server's admission check ([`admission::Admission`]).
 //! * [`stats`] — per-NIC counters and the transfer-latency hook.
+//! * [`stream`] — a connection's bytes: TCP in clear or mutual TLS.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -22,6 +23,7 @@ use crate::error::Result;
 pub mod admission;
 pub mod plan;
 pub mod stats;
+pub mod stream;
 pub mod stripe;
 pub mod tcp;
 

@@ -75,6 +75,9 @@ pub struct TransportStats {
     /// Server side: requests refused for a grant that does not verify (design §4, issue 14
     /// finding 7).
     pub bad_grants: AtomicU64,
+    /// Server side: connections whose TLS handshake failed (no certificate of the cluster's
+    /// CA, or not TLS at all).
+    pub refused_tls: AtomicU64,
     observer: Option<Arc<dyn TransferObserver>>,
 }
 

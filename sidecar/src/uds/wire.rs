@@ -186,6 +186,7 @@ pub(super) async fn stats(side: &Arc<Sidecar>) -> pb::StatsReply {
         checksum_mismatches: side.metrics.checksum_mismatches.get(),
         metad_term: term,
         metad_leader: leader,
+        tls: side.settings.tls.is_some(),
         ..Default::default()
     };
     match m {

@@ -133,6 +133,7 @@ pub fn client_with(
             token: token.map(<[u8]>::to_vec),
             connect_timeout: Duration::from_secs(2),
             io_timeout: Duration::from_secs(5),
+            tls: None,
         },
         stats.clone(),
     );
