@@ -137,7 +137,7 @@ PY
   done
   say "deploy/kubernetes/$k: $(grep -c '^kind:' "$out") objects valid (Kubernetes 1.30, 1.37)"
 done
-python - "$root" "$tmp/rendered" <<'PY'
+python - "$root" "$tmp/rendered" <<'PY' || die "the Prometheus Operator objects (above)"
 import glob, sys, yaml
 root, rendered = sys.argv[1], sys.argv[2]
 core = {"Namespace", "Service", "StatefulSet", "DaemonSet", "Deployment", "PodDisruptionBudget",
@@ -220,7 +220,7 @@ cp deploy/prometheus/regolith-alerts.yml "$tmp/prom/etc/prometheus/"
 sed "s|/etc/prometheus/|$tmp/prom/etc/prometheus/|" deploy/compose/prometheus.yml > "$tmp/prom/prometheus.yml"
 "$promtool" check config "$tmp/prom/prometheus.yml" >/dev/null || die "promtool check config deploy/compose/prometheus.yml"
 say "deploy/compose/prometheus.yml: promtool check config ok"
-python - deploy/grafana/regolith.json "$tmp/dashboard-rules.yml" <<'PY'
+python - deploy/grafana/regolith.json "$tmp/dashboard-rules.yml" <<'PY' || die "deploy/grafana/regolith.json (above)"
 import json, sys, yaml
 path, out = sys.argv[1], sys.argv[2]
 d = json.load(open(path))
@@ -250,7 +250,6 @@ if bad:
 rules = {"groups": [{"name": "dashboard", "rules": [
     {"record": f"dashboard:query:{i}", "expr": e} for i, e in enumerate(exprs)]}]}
 yaml.safe_dump(rules, open(out, "w"))
-print(len(d["panels"]), len(exprs))
 PY
 "$promtool" check rules "$tmp/dashboard-rules.yml" >/dev/null \
   || { "$promtool" check rules "$tmp/dashboard-rules.yml" >&2; die "a query of deploy/grafana/regolith.json does not parse"; }
