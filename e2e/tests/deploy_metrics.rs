@@ -89,7 +89,7 @@ fn missing(
     uses.iter()
         .filter(|(name, files)| {
             let doc_only = files.iter().all(|f| f.ends_with(".md"));
-            !samples.contains(*name) && !(doc_only && histograms.contains(*name))
+            !(samples.contains(*name) || doc_only && histograms.contains(*name))
         })
         .map(|(name, files)| {
             format!(

@@ -21,7 +21,7 @@ fn read(rel: &str) -> String {
 fn unit_value<'a>(unit: &'a str, key: &str) -> &'a str {
     unit.lines()
         .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-        .last()
+        .next_back()
         .unwrap_or_else(|| panic!("no {key}= in the unit"))
 }
 
