@@ -1,0 +1,94 @@
+//! deploy/systemd/sidecar.toml, the example config of the systemd unit, loads with the
+//! sidecar's own loader (`--config`), and agrees with deploy/systemd/regolith-sidecar.service:
+//! a renamed or mistyped key, or a unit whose directories or stop timeout do not fit the
+//! config, fails here.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use regolith_sidecar::args::{Args, FileConfig};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// The value of `key=` in a unit file (the last one, as systemd takes it).
+fn unit_value<'a>(unit: &'a str, key: &str) -> &'a str {
+    unit.lines()
+        .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+        .next_back()
+        .unwrap_or_else(|| panic!("no {key}= in the unit"))
+}
+
+#[test]
+fn the_example_sidecar_config_loads_and_matches_the_unit() {
+    let rel = "deploy/systemd/sidecar.toml";
+    let path = repo().join(rel);
+    // Every key is one the sidecar knows (the loader denies unknown keys), of its type.
+    let file: FileConfig =
+        toml::from_str(&read(rel)).unwrap_or_else(|e| panic!("{rel} does not load: {e}"));
+    assert_eq!(
+        file.cluster_token_file.as_deref(),
+        Some(Path::new("/etc/regolith/token"))
+    );
+
+    // The whole resolution; the token file is the only path it reads (a flag wins over the
+    // file, so a temporary one stands in for /etc/regolith/token).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "deploy-config-token\n").expect("token");
+    let argv = [
+        "regolith-sidecar".to_string(),
+        "--config".into(),
+        path.display().to_string(),
+        "--cluster-token-file".into(),
+        token.display().to_string(),
+    ];
+    let s = regolith_proto::daemon::parse_argv::<Args>(argv)
+        .expect("argv")
+        .resolve()
+        .unwrap_or_else(|e| panic!("{rel} does not resolve: {e}"));
+    assert_eq!(s.node_name, "gpu-node-7");
+    assert_eq!(s.metad.len(), 3);
+    assert_eq!(s.segment_size, 20 << 30);
+    assert_eq!(s.nics.len(), 2);
+    assert_eq!(s.data_port, 7600);
+    assert!(s.drain_on_exit);
+
+    let unit = read("deploy/systemd/regolith-sidecar.service");
+    assert_eq!(
+        unit_value(&unit, "ExecStart"),
+        "/usr/bin/regolith-sidecar --config /etc/regolith/sidecar.toml"
+    );
+    assert_eq!(
+        Some(
+            Path::new("/run")
+                .join(unit_value(&unit, "RuntimeDirectory"))
+                .as_path()
+        ),
+        s.socket.parent(),
+        "the socket must be in the unit's RuntimeDirectory"
+    );
+    assert_eq!(
+        Path::new("/var/lib").join(unit_value(&unit, "StateDirectory")),
+        s.state_dir,
+        "state_dir must be the unit's StateDirectory"
+    );
+    // Stopping drains for up to drain_timeout, then unmounts (at most 5 s): systemd must not
+    // kill the sidecar before.
+    let stop: u64 = unit_value(&unit, "TimeoutStopSec")
+        .parse()
+        .expect("seconds");
+    assert!(
+        Duration::from_secs(stop) > s.drain_timeout + Duration::from_secs(5),
+        "TimeoutStopSec={stop} leaves no room for drain_timeout {:?} and the unmount",
+        s.drain_timeout
+    );
+}
