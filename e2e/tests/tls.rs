@@ -252,3 +252,35 @@ fn certificates_rotate_without_a_restart() {
         );
     }
 }
+
+/// Silent connections to a TLS gRPC port sit in their handshake; past 256 of them the oldest is
+/// closed to make room, so they cannot keep a real client out (finding 8's rule, for metad).
+#[test]
+fn silent_connections_cannot_lock_clients_out_of_metad_tls() {
+    let c = Cluster::start_tls(&["64MiB"], &[], &[]);
+    let addr = c.metad[0].grpc.clone();
+    let silent: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| std::net::TcpStream::connect(&addr).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut cfg = regolith_proto::client::ClientConfig::new(vec![addr.clone()]);
+    cfg.token = Some(c.token());
+    cfg.tls = c.client_tls();
+    cfg.retry_deadline = Duration::from_secs(3);
+    let client = regolith_proto::client::MetadClient::new(cfg).unwrap();
+    rt().block_on(client.stats())
+        .expect("a member's call while 300 connections sit silent in their handshake");
+    let m = regolith_e2e::http_get(&c.metad[0].http, "/metrics")
+        .unwrap()
+        .1;
+    let evicted = metric(
+        &m,
+        "regolith_metad_connections_refused_total{listener=\"grpc_tls_handshake\"}",
+    )
+    .unwrap_or(0.0);
+    assert!(
+        evicted >= 44.0,
+        "{evicted} handshakes closed to make room:\n{m}"
+    );
+    drop(silent);
+}

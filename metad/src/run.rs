@@ -99,6 +99,18 @@ fn warn_if_unreachable(settings: &Settings) {
 
 /// How long an accepted gRPC connection has for its TLS handshake.
 const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// TLS handshakes in progress at once; past it the oldest is closed to make room (counted in
+/// `connections_refused_total{listener="grpc_tls_handshake"}`), so a flood of silent
+/// connections holds at most this many tasks, none of them longer than the timeout, and
+/// cannot keep real clients out.
+const MAX_TLS_HANDSHAKES: usize = 256;
+
+/// What a TLS listener counts: failed handshakes, and handshakes closed to make room.
+#[derive(Clone)]
+struct HandshakeCounters {
+    failures: prometheus::IntCounter,
+    evicted: prometheus::IntCounter,
+}
 
 /// The gRPC listener's connections as tonic takes them. tonic retries a failed accept at once
 /// (it spins at the fd limit), so failures are absorbed here with a back-off and never reach
@@ -109,10 +121,11 @@ const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 fn grpc_incoming(
     listener: TcpListener,
     tls: Option<Tls>,
-    handshake_failures: prometheus::IntCounter,
+    counters: HandshakeCounters,
     shutdown: Shutdown,
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<ServerIo>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let handshakes = regolith_proto::net::Handshakes::new(MAX_TLS_HANDSHAKES);
     tokio::spawn(async move {
         let mut backoff = regolith_proto::net::AcceptBackoff::new("gRPC");
         loop {
@@ -133,9 +146,18 @@ fn grpc_incoming(
                         }
                         continue;
                     };
-                    let (tls, tx, failures) = (tls.clone(), tx.clone(), handshake_failures.clone());
+                    let (pending, evicted) = handshakes.admit();
+                    counters.evicted.inc_by(evicted as u64);
+                    let (tls, tx, failures) = (tls.clone(), tx.clone(), counters.failures.clone());
                     tokio::spawn(async move {
-                        match accept_server_io(Some(&tls), s, TLS_HANDSHAKE_TIMEOUT).await {
+                        let accepted = tokio::select! {
+                            r = accept_server_io(Some(&tls), s, TLS_HANDSHAKE_TIMEOUT) => r,
+                            () = pending.evicted.cancelled() => Err(std::io::Error::other(
+                                "closed in its TLS handshake to make room for newer connections",
+                            )),
+                        };
+                        drop(pending);
+                        match accepted {
                             Ok(io) => {
                                 let _ = tx.send(Ok(io)).await;
                             }
@@ -210,7 +232,14 @@ impl Replica {
         let incoming = grpc_incoming(
             listeners.grpc,
             settings.tls.clone(),
-            node.ops.metrics.tls_handshake_failures.clone(),
+            HandshakeCounters {
+                failures: node.ops.metrics.tls_handshake_failures.clone(),
+                evicted: node
+                    .ops
+                    .metrics
+                    .connections_refused
+                    .with_label_values(&["grpc_tls_handshake"]),
+            },
             shutdown.clone(),
         );
         let reloader = settings

@@ -106,9 +106,104 @@ impl ConnLimit {
     }
 }
 
+/// Connections still in their handshake (TLS, a token), counted apart from established ones:
+/// at most `max` at once, and a new one past that closes the **oldest** (issue 14, finding 8:
+/// refusing the newest instead lets silent connections lock real peers out for good).
+#[derive(Clone, Debug)]
+pub struct Handshakes {
+    inner: Arc<std::sync::Mutex<PendingSet>>,
+    max: usize,
+}
+
+#[derive(Debug, Default)]
+struct PendingSet {
+    next: u64,
+    conns: std::collections::BTreeMap<u64, tokio_util::sync::CancellationToken>,
+}
+
+/// A connection's place among the pending handshakes: `evicted` fires when a newer connection
+/// took it; dropping it (the handshake ended, either way) leaves the set.
+#[derive(Debug)]
+pub struct Pending {
+    set: Arc<std::sync::Mutex<PendingSet>>,
+    id: u64,
+    pub evicted: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.set.lock() {
+            s.conns.remove(&self.id);
+        }
+    }
+}
+
+impl Handshakes {
+    pub fn new(max: usize) -> Self {
+        Self {
+            inner: Arc::default(),
+            max: max.max(1),
+        }
+    }
+
+    /// Registers a new connection; returns its place and how many older ones it evicted.
+    pub fn admit(&self) -> (Pending, usize) {
+        let mut set = match self.inner.lock() {
+            Ok(s) => s,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let mut evicted = 0;
+        while set.conns.len() >= self.max {
+            if let Some((_, oldest)) = set.conns.pop_first() {
+                oldest.cancel();
+                evicted += 1;
+            }
+        }
+        let id = set.next;
+        set.next += 1;
+        let token = tokio_util::sync::CancellationToken::new();
+        set.conns.insert(id, token.clone());
+        let pending = Pending {
+            set: self.inner.clone(),
+            id,
+            evicted: token,
+        };
+        (pending, evicted)
+    }
+
+    /// Connections in their handshake now.
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|s| s.conns.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_set_of_handshakes_closes_the_oldest_and_forgets_the_finished() {
+        let h = Handshakes::new(2);
+        let (a, n) = h.admit();
+        assert_eq!(n, 0);
+        let (b, _) = h.admit();
+        let (c, n) = h.admit();
+        assert_eq!(n, 1);
+        assert!(a.evicted.is_cancelled(), "the oldest makes room");
+        assert!(!b.evicted.is_cancelled() && !c.evicted.is_cancelled());
+        drop(a);
+        assert_eq!(h.len(), 2);
+        drop(b);
+        assert_eq!(h.len(), 1);
+        let (_d, n) = h.admit();
+        assert_eq!(n, 0, "a finished handshake frees its place");
+        drop(c);
+        assert_eq!(h.len(), 1);
+    }
 
     #[test]
     fn pauses_double_to_a_ceiling_and_reset_after_a_success() {

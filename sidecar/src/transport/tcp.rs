@@ -16,7 +16,6 @@
 //! each frame's writer next to its reader, so a change to either end is read with the other
 //! (`sidecar/tests/dataplane.rs` runs both ends against each other).
 
-use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -35,7 +34,7 @@ use regolith_proto::dataplane::{
     WireError, HELLO_LEN, HELLO_REPLY_LEN, MAX_SLICE_LEN, MIN_VERSION, REPLY_LEN, REQUEST_LEN,
     VERSION,
 };
-use regolith_proto::net::AcceptBackoff;
+use regolith_proto::net::{AcceptBackoff, Handshakes, Pending};
 use regolith_proto::tls::{Protocol, Tls};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -494,7 +493,8 @@ struct ServerCtx {
     /// Every open connection, pending or authenticated.
     active: AtomicUsize,
     authenticated: AtomicUsize,
-    pending: Mutex<Pending>,
+    /// Connections in their handshake (TLS and the token's), at most `max_pending`.
+    handshakes: Handshakes,
     /// Rate limit of the BUSY and eviction warnings.
     warned: Mutex<Option<std::time::Instant>>,
 }
@@ -531,42 +531,6 @@ impl ServerCtx {
 }
 
 const WARN_EVERY: Duration = Duration::from_secs(5);
-
-/// Connections in their handshake, oldest first (ids grow with each accept).
-#[derive(Default)]
-struct Pending {
-    next: u64,
-    conns: BTreeMap<u64, CancellationToken>,
-}
-
-impl Pending {
-    /// Registers a new pending connection, closing the oldest ones past `max`.
-    fn admit(&mut self, max: usize, stats: &TransportStats) -> (u64, CancellationToken) {
-        while self.conns.len() >= max.max(1) {
-            if let Some((_, oldest)) = self.conns.pop_first() {
-                oldest.cancel();
-                stats.evicted_pending.fetch_add(1, Relaxed);
-            }
-        }
-        let id = self.next;
-        self.next += 1;
-        let token = CancellationToken::new();
-        self.conns.insert(id, token.clone());
-        (id, token)
-    }
-}
-
-/// Removes a connection from [`Pending`] when its handshake ends, however it ends.
-struct PendingGuard<'a> {
-    ctx: &'a ServerCtx,
-    id: u64,
-}
-
-impl Drop for PendingGuard<'_> {
-    fn drop(&mut self) {
-        self.ctx.pending.lock().conns.remove(&self.id);
-    }
-}
 
 /// An authenticated connection's place under `max_connections`.
 struct AuthSlot<'a>(&'a ServerCtx);
@@ -629,13 +593,13 @@ impl TcpServer {
         }
         let ctx = Arc::new(ServerCtx {
             sendfile_ok: AtomicBool::new(cfg.sendfile),
+            handshakes: Handshakes::new(cfg.max_pending),
             cfg,
             segment,
             admission,
             stats: stats.clone(),
             active: AtomicUsize::new(0),
             authenticated: AtomicUsize::new(0),
-            pending: Mutex::new(Pending::default()),
             warned: Mutex::new(None),
         });
         let root = CancellationToken::new();
@@ -737,13 +701,14 @@ async fn accept_loop(
         };
         ctx.active.fetch_add(1, Relaxed);
         let guard = ActiveGuard(ctx.clone());
-        let (id, evicted) = ctx.pending.lock().admit(ctx.cfg.max_pending, &ctx.stats);
+        let (pending, evicted) = ctx.handshakes.admit();
+        ctx.stats.evicted_pending.fetch_add(evicted as u64, Relaxed);
         let (ctx, nic, cancel) = (ctx.clone(), nic.clone(), cancel.clone());
         tokio::spawn(async move {
             let _guard = guard;
             tokio::select! {
                 _ = cancel.cancelled() => debug!(%peer, "connection closed with its listener"),
-                r = serve_conn(stream, peer, &ctx, &nic, id, evicted) => match r {
+                r = serve_conn(stream, peer, &ctx, &nic, pending) => match r {
                     Ok(()) => debug!(%peer, "connection closed"),
                     Err(e) => info!(%peer, "data-plane connection dropped: {e}"),
                 },
@@ -775,22 +740,19 @@ async fn serve_conn(
     peer: SocketAddr,
     ctx: &ServerCtx,
     nic: &NicCounters,
-    pending_id: u64,
-    evicted: CancellationToken,
+    pending: Pending,
 ) -> Result<()> {
     tcp.set_nodelay(true).map_err(io_err(peer, "TCP_NODELAY"))?;
     let (mut stream, _slot, version) = {
-        let _pending = PendingGuard {
-            ctx,
-            id: pending_id,
-        };
+        // Among the pending connections until the handshake ends, however it ends.
+        let pending = pending;
         let handshake = timeout(ctx.cfg.handshake_timeout, async {
             let mut stream = secure(tcp, peer, ctx).await?;
             let (slot, version) = server_handshake(&mut stream, peer, ctx).await?;
             Ok::<_, Error>((stream, slot, version))
         });
         tokio::select! {
-            _ = evicted.cancelled() => {
+            _ = pending.evicted.cancelled() => {
                 ctx.warn_limited("closed the oldest unauthenticated connection to make room");
                 return Err(Error::Handshake {
                     peer,
