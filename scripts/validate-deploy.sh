@@ -113,6 +113,16 @@ say "kubectl kustomize (${kver:-none}), kubernetes-validate $(python -c 'import 
 cp -r deploy/kubernetes "$tmp/k8s"
 rm -f "$tmp/k8s/base/secrets/token" "$tmp/k8s/base/secrets/peer-token"
 "$tmp/k8s/base/gen-secrets.sh" >/dev/null
+# The TLS overlay's certificate, made as its kustomization says, with this build's CLI.
+cli=""
+if [ -n "${REGOLITH_BIN_DIR:-}" ]; then
+  cli=$REGOLITH_BIN_DIR/regolith
+else # the newest build
+  cli=$(ls -t target/debug/regolith target/release/regolith 2>/dev/null | head -n 1 || true)
+fi
+[ -n "$cli" ] && [ -x "$cli" ] || die "no regolith CLI in target/release or target/debug (cargo build -p regolith-cli), or set REGOLITH_BIN_DIR"
+"$cli" tls init "$tmp/k8s/overlays/tls/secrets" --name regolith --force >/dev/null \
+  || die "regolith tls init (the TLS overlay's certificate)"
 mkdir -p "$tmp/rendered"
 for k in $(cd "$tmp/k8s" && find . -name kustomization.yaml -printf '%h\n' | sed 's|^\./||' | sort); do
   out="$tmp/rendered/$(echo "$k" | tr / -).yaml"

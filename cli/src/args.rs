@@ -132,6 +132,9 @@ pub enum Command {
     /// Benchmark the cluster through the sidecar of --socket: local and remote puts and gets
     /// at several sizes, beside the machine's memcpy and loopback-TCP ceilings
     Bench(BenchArgs),
+    /// Mutual-TLS material: a private CA and certificates it signs (for a cluster without a
+    /// PKI of its own; `regolith up --tls` makes its own)
+    Tls(TlsArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -197,6 +200,33 @@ pub struct UpArgs {
     /// every start) and run gRPC (clients and Raft) and the data plane over TLS
     #[arg(long)]
     pub tls: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TlsArgs {
+    #[command(subcommand)]
+    pub cmd: TlsCmd,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum TlsCmd {
+    /// Make a new CA (DIR/ca.crt) and a certificate and key for each --name (DIR/NAME.crt,
+    /// DIR/NAME.key, keys 0600), valid for server and client use; the CA's key is not kept
+    Init {
+        /// Where to write the files (made 0700 if missing)
+        dir: PathBuf,
+        /// A certificate to issue, named after this (repeatable); the name is also one of its
+        /// subject alternative names, so it must be a DNS name or an IP address
+        #[arg(long = "name", value_name = "NAME", required = true)]
+        names: Vec<String>,
+        /// Another DNS name or IP address every certificate is valid for (repeatable): the
+        /// addresses peers dial, unless they all use --tls-server-name NAME
+        #[arg(long = "san", value_name = "NAME|IP")]
+        sans: Vec<String>,
+        /// Replace files that exist
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Args, Debug, Clone)]
@@ -331,7 +361,7 @@ impl Command {
     /// The `--metad` given after the subcommand's name (never for `up`).
     pub fn metad_arg(&self) -> Option<&str> {
         let m = match self {
-            Command::Up(_) => return None,
+            Command::Up(_) | Command::Tls(_) => return None,
             Command::Status(a) => &a.metad,
             Command::Put(a) => &a.metad,
             Command::Get(a) => &a.metad,

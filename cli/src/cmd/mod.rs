@@ -8,6 +8,7 @@ pub mod put;
 pub mod rm;
 pub mod segments;
 pub mod status;
+pub mod tls;
 pub mod up;
 
 use crate::args::{Cli, Command};
@@ -31,5 +32,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Members(a) => members::run(&ctx, a),
         Command::Segments(a) => segments::run(&ctx, a),
         Command::Bench(a) => bench::run(&ctx, a),
+        Command::Tls(a) => tls::run(a),
     }
 }
