@@ -318,6 +318,7 @@ impl Cluster {
             cluster_token_file: Some(self.token_file.clone()),
             peer_token_file: Some(self.peer_token_file.clone()),
             tls: self.tls_launch(&format!("metad-{}", m.id)),
+            tls_node_identity: self.tls_dir.is_some(),
             ..MetadLaunch::new(m.id)
         }
     }

@@ -284,3 +284,85 @@ fn silent_connections_cannot_lock_clients_out_of_metad_tls() {
     );
     drop(silent);
 }
+
+/// `--tls-node-identity` (on in TLS clusters): a node's mount, heartbeats and unmount need a
+/// client certificate naming it. A token holder with another certificate of the cluster's CA
+/// (here the CLI's, and node-b's) can neither take node-a's place nor unmount it; node-a's own
+/// certificate can.
+#[test]
+fn only_a_nodes_own_certificate_mounts_heartbeats_or_unmounts_it() {
+    use regolith_proto::metad::{HeartbeatRequest, MountSegmentRequest, UnmountSegmentRequest};
+    let c = Cluster::start_tls(&["64MiB", "64MiB"], &[], &[]);
+    let tls_dir = c.tls_dir.clone().unwrap();
+    let client_with = |name: &str| {
+        let mut cfg = regolith_proto::client::ClientConfig::new(
+            c.metad.iter().map(|m| m.grpc.clone()).collect(),
+        );
+        cfg.token = Some(c.token());
+        cfg.tls = Some(tls_of(
+            &tls_dir.join("ca.crt"),
+            &tls_dir.join(format!("{name}.crt")),
+            &tls_dir.join(format!("{name}.key")),
+        ));
+        cfg.retry_deadline = Duration::from_secs(5);
+        regolith_proto::client::MetadClient::new(cfg).unwrap()
+    };
+    let segs = rt().block_on(c.metad_client().list_segments()).unwrap();
+    let a = segs
+        .iter()
+        .find(|s| s.node_name == "node-a")
+        .expect("node-a")
+        .clone();
+    let denied = |r: Result<(), regolith_proto::Error>, what: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(
+            format!("{:?}", e.code()),
+            "Some(PermissionDenied)",
+            "{what}: {e}"
+        );
+    };
+    for stranger in ["client", "node-b"] {
+        let m = client_with(stranger);
+        let mount = MountSegmentRequest {
+            node_name: "node-a".into(),
+            node_id: a.node_id,
+            capacity: 1 << 20,
+            data_addrs: vec![],
+        };
+        denied(
+            rt().block_on(m.mount(mount)).map(drop),
+            &format!("{stranger} mounting node-a"),
+        );
+        let hb = HeartbeatRequest {
+            node_id: a.node_id,
+            generation: a.generation,
+            ..Default::default()
+        };
+        denied(
+            rt().block_on(m.heartbeat(hb)).map(drop),
+            &format!("{stranger} heartbeating for node-a"),
+        );
+        let unmount = UnmountSegmentRequest {
+            node_id: a.node_id,
+            generation: a.generation,
+        };
+        denied(
+            rt().block_on(m.unmount(unmount)).map(drop),
+            &format!("{stranger} unmounting node-a"),
+        );
+    }
+    // node-a's segment is untouched: same generation, alive, and it serves.
+    let after = rt().block_on(c.metad_client().list_segments()).unwrap();
+    let a2 = after.iter().find(|s| s.node_name == "node-a").unwrap();
+    assert_eq!(a2.generation, a.generation);
+    round_trip(&c, "identity/after", 10_000);
+    // Its own certificate may (a heartbeat is the harmless call to show it).
+    let own = client_with("node-a");
+    let hb = HeartbeatRequest {
+        node_id: a.node_id,
+        generation: a.generation,
+        ..Default::default()
+    };
+    rt().block_on(own.heartbeat(hb))
+        .expect("node-a's own heartbeat");
+}

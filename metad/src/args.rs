@@ -105,6 +105,10 @@ pub struct Args {
     /// Mutual TLS on gRPC (clients and Raft): --tls-ca, --tls-cert, --tls-key.
     #[command(flatten)]
     pub tls: regolith_proto::tls::TlsArgs,
+    /// With TLS: a sidecar's mount, heartbeats and unmount must come with a client certificate
+    /// that names its node (a DNS name equal to the node name); others are PERMISSION_DENIED.
+    #[arg(long, env = "REGOLITH_TLS_NODE_IDENTITY")]
+    pub tls_node_identity: bool,
 
     /// Raft heartbeat interval (e.g. 100ms).
     #[arg(long, env = "REGOLITH_HEARTBEAT_INTERVAL")]
@@ -179,6 +183,7 @@ pub struct FileConfig {
     pub tls_key: Option<PathBuf>,
     pub tls_server_name: Option<String>,
     pub tls_reload_interval: Option<String>,
+    pub tls_node_identity: Option<bool>,
     pub heartbeat_interval: Option<String>,
     pub election_timeout_min: Option<String>,
     pub election_timeout_max: Option<String>,
@@ -209,6 +214,8 @@ pub struct Settings {
     pub http_metadata_token: Option<String>,
     /// Mutual TLS on gRPC, served and dialled (Raft peers), if configured.
     pub tls: Option<regolith_proto::tls::Tls>,
+    /// Node-scoped calls need a client certificate naming the node (`--tls-node-identity`).
+    pub tls_node_identity: bool,
     pub cache: CacheConfig,
     pub heartbeat_interval: Duration,
     pub election_timeout_min: Duration,
@@ -464,6 +471,14 @@ impl Args {
             })
             .load(true)
             .map_err(|e| Error::Config(e.to_string()))?;
+        let tls_node_identity = self.tls_node_identity || file.tls_node_identity.unwrap_or(false);
+        if tls_node_identity && tls.is_none() {
+            return Err(Error::Config(
+                "--tls-node-identity needs TLS (--tls-ca, --tls-cert, --tls-key): the node is \
+                 named by the client's certificate"
+                    .into(),
+            ));
+        }
         let heartbeat_interval = dur(
             "heartbeat-interval",
             self.heartbeat_interval.or(file.heartbeat_interval),
@@ -527,6 +542,7 @@ impl Args {
             http_metadata_addr,
             http_metadata_token,
             tls,
+            tls_node_identity,
             cache,
             heartbeat_interval,
             election_timeout_min,
@@ -684,6 +700,7 @@ mod tests {
                 cert: certs[0].cert.clone(),
                 key: certs[0].key.clone(),
             }),
+            tls_node_identity: true,
             worker_threads: Some(3),
             verbose: 2,
             extra: vec!["--node-ttl".into(), "3s".into()],
@@ -711,5 +728,6 @@ mod tests {
             s.tls.as_ref().map(|t| t.settings().files.ca.clone()),
             Some(certs[0].ca.clone())
         );
+        assert!(s.tls_node_identity);
     }
 }

@@ -63,6 +63,9 @@ pub enum Error {
     /// openraft refused, a drain that did not take).
     #[error("{0}")]
     Precondition(String),
+    /// The caller may not do this (a node's call without a certificate naming the node).
+    #[error("{0}")]
+    PermissionDenied(String),
     /// This replica cannot serve the request now (openraft stopped).
     #[error("{0}")]
     Unavailable(String),

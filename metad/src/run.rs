@@ -208,6 +208,7 @@ impl Replica {
             ops: node.ops.clone(),
             grants,
             shutdown: shutdown.clone(),
+            node_identity: settings.tls_node_identity,
         })
         .max_decoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES);

@@ -208,6 +208,11 @@ impl StateMachine {
             .and_then(|s| self.segments.get(s))
     }
 
+    /// The name node `node` mounted under, if it ever mounted.
+    pub fn node_name(&self, node: NodeId) -> Option<&str> {
+        self.nodes.get(&node).map(|r| r.name.as_str())
+    }
+
     pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
         self.names.get(name).copied()
     }

@@ -58,6 +58,8 @@ pub struct MetadLaunch {
     pub http_metadata_addr: Option<String>,
     /// Mutual TLS on gRPC (clients and Raft).
     pub tls: Option<TlsLaunch>,
+    /// `--tls-node-identity`: a node's calls need a certificate naming the node.
+    pub tls_node_identity: bool,
     /// `--worker-threads`.
     pub worker_threads: Option<usize>,
     /// `-v` this many times.
@@ -169,6 +171,7 @@ impl MetadLaunch {
         );
         a.opt("--http-metadata-addr", self.http_metadata_addr.clone());
         a.tls(self.tls.as_ref());
+        a.switch("--tls-node-identity", self.tls_node_identity);
         a.opt(
             "--worker-threads",
             self.worker_threads.map(|n| n.to_string()),

@@ -139,7 +139,8 @@ impl Issued {
     }
 }
 
-/// A new CA written to `DIR/ca.crt`, and a certificate for each of `names` (valid for `sans`)
+/// A new CA written to `DIR/ca.crt`, and a certificate for each of `names` (valid for its name
+/// and `sans`)
 /// written to `DIR/NAME.crt` and `DIR/NAME.key`: a whole cluster's TLS material at once.
 pub fn make_cluster(dir: &Path, names: &[&str], sans: &[String]) -> Result<Vec<CertFiles>> {
     let ca = Ca::new("Regolith cluster CA")?;
@@ -147,6 +148,11 @@ pub fn make_cluster(dir: &Path, names: &[&str], sans: &[String]) -> Result<Vec<C
     write_pem(&ca_path, ca.cert_pem(), false)?;
     names
         .iter()
-        .map(|name| ca.issue(name, sans)?.write(dir, name, &ca_path))
+        .map(|name| {
+            // A certificate names its own process too (node identity: `--tls-node-identity`).
+            let mut all = vec![name.to_string()];
+            all.extend(sans.iter().filter(|s| s.as_str() != *name).cloned());
+            ca.issue(name, &all)?.write(dir, name, &ca_path)
+        })
         .collect()
 }

@@ -514,12 +514,43 @@ macro_rules! delegate_io {
 delegate_io!(ServerIo);
 delegate_io!(ClientIo);
 
+/// What a gRPC handler knows of the connection a request came on (in its extensions):
+/// the TCP addresses and, under TLS, the client's leaf certificate.
+#[derive(Clone, Debug)]
+pub struct PeerInfo {
+    pub tcp: tonic::transport::server::TcpConnectInfo,
+    pub cert: Option<Arc<CertificateDer<'static>>>,
+}
+
 impl tonic::transport::server::Connected for ServerIo {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    type ConnectInfo = PeerInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.tcp().connect_info()
+        let cert = match self {
+            ServerIo::Plain(_) => None,
+            ServerIo::Tls(s) => s
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .map(|c| Arc::new(c.clone().into_owned())),
+        };
+        PeerInfo {
+            tcp: self.tcp().connect_info(),
+            cert,
+        }
     }
+}
+
+/// Whether `cert` is valid for `name` (a DNS name among its subject alternative names): what
+/// binds a node's metad calls to its certificate (`--tls-node-identity`). Only the name is
+/// checked here; the chain was verified in the handshake.
+pub fn cert_names(cert: &CertificateDer<'_>, name: &str) -> bool {
+    let Ok(name) = ServerName::try_from(name) else {
+        return false;
+    };
+    rustls::server::ParsedCertificate::try_from(cert)
+        .is_ok_and(|parsed| rustls::client::verify_server_name(&parsed, &name).is_ok())
 }
 
 /// Accepts the server side of `tcp` as `proto`: in clear without TLS, else after a

@@ -324,7 +324,9 @@ fn make_tls(dir: &Path, layout: &Layout) -> Result<UpTls> {
             .map_err(pki)?;
     }
     for s in &layout.sidecars {
-        let mut sans = local.to_vec();
+        // The node name too: metad runs with --tls-node-identity.
+        let mut sans = vec![s.name.clone()];
+        sans.extend(local.iter().cloned());
         sans.extend(s.nics.iter().map(|ip| ip.to_string()));
         ca.issue(&s.name, &sans)
             .and_then(|c| c.write(&tls_dir, &s.name, &ca_path))
@@ -484,6 +486,7 @@ impl Up {
                 peer_token_file: Some(ensure_secret(&self.dir, cluster_file::PEER_TOKEN)?),
                 http_metadata_addr: Some(m.http_metadata.to_string()),
                 tls: self.tls.as_ref().map(|t| t.files(&name)),
+                tls_node_identity: self.tls.is_some(),
                 worker_threads: Some(1),
                 verbose: self.child_verbose,
                 ..MetadLaunch::new(m.id)

@@ -24,6 +24,33 @@ pub struct MetadService {
     pub grants: Grants,
     /// Ends the `Watch` streams at shutdown (the server's graceful stop waits for them).
     pub shutdown: regolith_proto::shutdown::Shutdown,
+    /// A node's mount, heartbeats and unmount need a client certificate naming the node
+    /// (`--tls-node-identity`).
+    pub node_identity: bool,
+}
+
+impl MetadService {
+    /// With `--tls-node-identity`: the request came with a client certificate that names
+    /// `node` (a DNS name of its subject alternative names), else PERMISSION_DENIED. A node
+    /// this replica never saw mount (`None`) has nothing to protect yet.
+    fn check_node_identity<T>(&self, req: &Request<T>, node: Option<&str>) -> Result<()> {
+        let (true, Some(node)) = (self.node_identity, node) else {
+            return Ok(());
+        };
+        let cert = req
+            .extensions()
+            .get::<regolith_proto::tls::PeerInfo>()
+            .and_then(|p| p.cert.clone());
+        match cert {
+            Some(c) if regolith_proto::tls::cert_names(&c, node) => Ok(()),
+            Some(_) => Err(Error::PermissionDenied(format!(
+                "the client certificate does not name node {node:?} (--tls-node-identity)"
+            ))),
+            None => Err(Error::PermissionDenied(format!(
+                "calls for node {node:?} need a client certificate naming it (--tls-node-identity)"
+            ))),
+        }
+    }
 }
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -38,6 +65,7 @@ fn status(e: Error) -> Status {
         Error::NotFound { .. } => Status::not_found(e.to_string()),
         Error::NoSuch(m) => Status::not_found(m),
         Error::Precondition(m) => Status::failed_precondition(m),
+        Error::PermissionDenied(m) => Status::permission_denied(m),
         Error::MetaQuota(_) => Status::resource_exhausted(e.to_string()),
         Error::NotReady(_)
         | Error::SegmentsNotReady { .. }
@@ -139,6 +167,7 @@ impl Metad for MetadService {
         req: Request<pb::MountSegmentRequest>,
     ) -> Reply<pb::MountSegmentResponse> {
         self.call("mount_segment", async {
+            self.check_node_identity(&req, Some(&req.get_ref().node_name))?;
             let r = req.into_inner();
             let m = self
                 .ops
@@ -167,6 +196,8 @@ impl Metad for MetadService {
         req: Request<pb::UnmountSegmentRequest>,
     ) -> Reply<pb::UnmountSegmentResponse> {
         self.call("unmount_segment", async {
+            let node = self.ops.node_name(req.get_ref().node_id);
+            self.check_node_identity(&req, node.as_deref())?;
             let r = req.into_inner();
             let segment = SegmentId {
                 node: r.node_id,
@@ -181,6 +212,8 @@ impl Metad for MetadService {
 
     async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Reply<pb::HeartbeatResponse> {
         self.call("heartbeat", async {
+            let node = self.ops.node_name(req.get_ref().node_id);
+            self.check_node_identity(&req, node.as_deref())?;
             let r = req.into_inner();
             check_heartbeat_lists(r.in_flight.len(), r.released.len())?;
             self.ops.check_keys(&r.accessed)?;

@@ -9,7 +9,7 @@ use crate::config::{
 use crate::error::{Error, Result};
 use crate::leader::{Heartbeat, HeartbeatReply};
 use crate::ops::Ops;
-use crate::types::{Segment, SegmentId, UnmountReason};
+use crate::types::{NodeId, Segment, SegmentId, UnmountReason};
 
 /// A sidecar's request to mount its segment.
 #[derive(Clone, Debug, Default)]
@@ -187,6 +187,11 @@ impl Ops {
             }
             other => Err(Error::Precondition(format!("drain answered {other:?}"))),
         }
+    }
+
+    /// The name node `node` mounted under (none for a node this replica never saw mount).
+    pub fn node_name(&self, node: NodeId) -> Option<String> {
+        self.core.lock().sm().node_name(node).map(str::to_string)
     }
 
     pub async fn list_segments(&self) -> Result<Vec<SegmentView>> {
