@@ -129,6 +129,8 @@ pub enum Command {
     Members(MembersArgs),
     /// Segments (one per sidecar): list, drain
     Segments(SegmentsArgs),
+    /// metad administration: snapshot save (a backup of the replicated state), snapshot inspect
+    Metad(MetadAdminArgs),
     /// Benchmark the cluster through the sidecar of --socket: local and remote puts and gets
     /// at several sizes, beside the machine's memcpy and loopback-TCP ceilings
     Bench(BenchArgs),
@@ -302,6 +304,37 @@ pub enum MembersCommand {
 }
 
 #[derive(Args, Debug, Clone)]
+pub struct MetadAdminArgs {
+    #[command(flatten)]
+    pub metad: MetadArg,
+    #[command(subcommand)]
+    pub command: MetadAdminCommand,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum MetadAdminCommand {
+    /// Backups of the replicated state (docs/metad.md "Backup and recovery")
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum SnapshotCommand {
+    /// Ask the metad leader for a consistent snapshot (segments, objects, the metadata KV) and
+    /// write it to FILE (atomically: a temp file beside it, validated, then renamed); restore
+    /// it into a new cluster with `regolith-metad --restore-from FILE`
+    Save {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Check FILE (header, length, checksum) and print what it holds
+    Inspect {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
 pub struct SegmentsArgs {
     #[command(flatten)]
     pub metad: MetadArg,
@@ -339,6 +372,7 @@ impl Command {
             Command::Rm(a) => &a.metad,
             Command::Members(a) => &a.metad,
             Command::Segments(a) => &a.metad,
+            Command::Metad(a) => &a.metad,
             Command::Bench(a) => &a.metad,
         };
         m.metad.as_deref()
