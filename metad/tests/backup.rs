@@ -103,7 +103,10 @@ fn meta_entries() -> BTreeMap<String, Vec<u8>> {
     );
     m.insert("empty".to_string(), Vec::new());
     m.insert("binary".to_string(), (0..=255u8).collect());
-    m.insert("large".to_string(), vec![0x5a; 200_000]);
+    // Together more than one 1 MiB chunk of the SaveSnapshot stream.
+    for i in 0..6u8 {
+        m.insert(format!("large-{i}"), vec![0x50 + i; 300_000]);
+    }
     for i in 0..20 {
         m.insert(format!("k/{i}"), format!("value {i}").into_bytes());
     }
@@ -167,7 +170,7 @@ fn snapshot_saved_with_the_cli_restores_into_a_new_cluster() {
     );
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains("metadata KV keys  24"),
+        text(&out).contains("metadata KV keys  29"),
         "{}",
         text(&out)
     );
@@ -382,6 +385,40 @@ fn damaged_snapshot_files_are_refused_with_a_clear_error() {
             assert!(log.contains("seeded from a snapshot file"), "{log}");
         }
     }
+    // Token-authenticated like every Metad RPC: a wrong token is refused, nothing is written.
+    let wrong = work.path().join("wrong-token");
+    std::fs::write(&wrong, "not-the-token\n").unwrap();
+    let refused = work.path().join("refused.snap");
+    let out = Command::new(bins::require(bins::CLI))
+        .arg("--metad")
+        .arg(src.addrs().join(","))
+        .arg("--cluster-token-file")
+        .arg(&wrong)
+        .args(["metad", "snapshot", "save"])
+        .arg(&refused)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("refused the cluster token"),
+        "{}",
+        text(&out)
+    );
+    assert!(!refused.exists());
+    assert_eq!(
+        std::fs::read_dir(work.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .contains("partial")
+            })
+            .count(),
+        0,
+        "a temp file was left behind"
+    );
     // `save` into a directory that does not exist fails cleanly too.
     let out = cli(
         &src,
@@ -395,7 +432,9 @@ fn damaged_snapshot_files_are_refused_with_a_clear_error() {
 /// `regolith members add`, and once it is gone too the new pair still has a quorum and every key.
 #[test]
 fn lost_quorum_is_recovered_with_force_new_cluster_and_members_add() {
-    let mut c = Cluster::start(3);
+    // Frequent snapshots: the survivor's state is a snapshot plus the log after it, and the
+    // new members catch up through an InstallSnapshot.
+    let mut c = Cluster::start_with(3, &["--snapshot-logs", "100"]);
     let leader = start_leader_of(&c);
     let rt = runtime();
     let client = c.client();
@@ -491,8 +530,31 @@ fn lost_quorum_is_recovered_with_force_new_cluster_and_members_add() {
         let out = cli(&c, &["members", "add", &id.to_string(), &addr]);
         assert!(out.status.success(), "{}", text(&out));
     }
+    // Caught up: the keys (from the snapshot they were sent), and the log after it, the
+    // membership entries that make them voters included. The keys alone are not enough: a
+    // member holding the snapshot but not yet the entries after it still sees the old
+    // membership, and could not elect anyone once the survivor is gone.
     for id in [4, 5] {
         wait_keys(&c, id, keys.len() as u64);
+    }
+    let target = c.status(survivor).unwrap()["last_applied"]
+        .as_u64()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    for id in [4, 5] {
+        loop {
+            let s = c.status(id).unwrap_or_default();
+            let applied = s["last_applied"].as_u64().unwrap_or(0);
+            let members = s["members"].as_array().map_or(0, |m| m.len());
+            if applied >= target && members == 3 {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "member {id} not caught up: applied {applied} of {target}, {members} members"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
     // The survivor goes too; the new pair is 2 of 3 voters: a quorum.
     c.kill(survivor);
