@@ -418,6 +418,25 @@ mod tests {
     }
 
     #[test]
+    fn metad_snapshot_save_and_inspect_take_a_file() {
+        let c = parse(&["metad", "snapshot", "save", "/b/m.snap", "--metad", "h:1"]).unwrap();
+        assert_eq!(c.command.metad_arg(), Some("h:1"));
+        match c.command {
+            Command::Metad(MetadAdminArgs {
+                command: MetadAdminCommand::Snapshot(SnapshotCommand::Save { file }),
+                ..
+            }) => assert_eq!(file, PathBuf::from("/b/m.snap")),
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&["metad", "snapshot", "inspect", "m.snap"]).is_ok());
+        assert!(
+            parse(&["metad", "snapshot", "save"]).is_err(),
+            "FILE is required"
+        );
+        assert!(parse(&["metad", "snapshot", "restore", "m.snap"]).is_err());
+    }
+
+    #[test]
     fn up_takes_counts_sizes_and_durations() {
         let c = parse(&[
             "up",
