@@ -237,15 +237,27 @@ fn snapshot_saved_with_the_cli_restores_into_a_new_cluster() {
     assert!(out.status.success(), "{}", text(&out));
     let want_keys = before.len() as u64 + 1;
     wait_keys(&dst, 4, want_keys);
-    // Restarting every replica keeps the restored state (and --restore-from is then ignored).
+    // Restarting every replica keeps the restored state. The initial members restart with the
+    // very flags they were created with (a unit file left as it was): on a data dir with state,
+    // --bootstrap and --restore-from are ignored.
     for id in [1, 2, 3, 4] {
         dst.kill(id);
     }
-    for id in [1, 2, 3, 4] {
-        dst.spawn(id, None, false);
+    let peers: Vec<(u64, String)> = dst
+        .members()
+        .into_iter()
+        .filter(|(id, _)| *id != 4)
+        .collect();
+    dst.extra = extra.iter().map(|s| s.to_string()).collect();
+    for id in [1, 2, 3] {
+        dst.spawn(id, Some(&peers), true);
     }
+    dst.extra = vec!["--node-ttl".into(), "1h".into()];
+    dst.spawn(4, None, false);
     start_leader_of(&dst);
     check(&dst, "after a full restart");
+    let log = std::fs::read_to_string(&dst.replicas[&1].log).unwrap();
+    assert!(log.contains("--restore-from ignored"), "{log}");
 }
 
 /// Waits until replica `id` reports `keys` keys in its /status.
