@@ -45,6 +45,11 @@ pub struct Args {
     /// recovery".
     #[arg(long, env = "REGOLITH_RESTORE_FROM", value_name = "FILE")]
     pub restore_from: Option<PathBuf>,
+    /// With --restore-from: start the new cluster's terms this far above the snapshot's, past
+    /// any term sidecars of the old cluster may have seen since it was taken (they fence writes
+    /// of older terms). At most 2^32.
+    #[arg(long, env = "REGOLITH_RESTORE_TERM_BUMP", value_name = "N")]
+    pub restore_term_bump: Option<u64>,
     /// Recovery from a lost quorum: make this replica, from its own data, the only member of
     /// its cluster (then add members back with `regolith members add`). Once: a later start
     /// with the flag is refused. No environment variable or config key, on purpose.
@@ -168,6 +173,7 @@ pub struct FileConfig {
     pub bootstrap: Option<bool>,
     pub data_dir: Option<PathBuf>,
     pub restore_from: Option<PathBuf>,
+    pub restore_term_bump: Option<u64>,
     pub metrics_addr: Option<String>,
     pub cluster_token_file: Option<PathBuf>,
     pub peer_token_file: Option<PathBuf>,
@@ -214,6 +220,8 @@ pub struct Settings {
     pub data_dir: PathBuf,
     /// `--restore-from`: seed an empty data dir from this snapshot file before bootstrap.
     pub restore_from: Option<PathBuf>,
+    /// `--restore-term-bump`: added to the snapshot's term for the restored vote.
+    pub restore_term_bump: u64,
     /// `--force-new-cluster`: rewrite the membership to this replica alone before start.
     pub force_new_cluster: bool,
     pub metrics_addr: SocketAddr,
@@ -357,6 +365,20 @@ impl Args {
             return Err(Error::Config(
                 "--restore-from creates a new cluster: give it with --bootstrap and --peers, on every initial member".into(),
             ));
+        }
+        let restore_term_bump = self
+            .restore_term_bump
+            .or(file.restore_term_bump)
+            .unwrap_or(0);
+        if restore_term_bump > 0 && restore_from.is_none() {
+            return Err(Error::Config(
+                "--restore-term-bump only applies with --restore-from".into(),
+            ));
+        }
+        if restore_term_bump > 1 << 32 {
+            return Err(Error::Config(format!(
+                "--restore-term-bump {restore_term_bump}: at most 2^32 (peers refuse terms far above their own)"
+            )));
         }
         if self.force_new_cluster && (bootstrap || restore_from.is_some()) {
             return Err(Error::Config(
@@ -549,6 +571,7 @@ impl Args {
             bootstrap,
             data_dir,
             restore_from,
+            restore_term_bump,
             force_new_cluster: self.force_new_cluster,
             metrics_addr,
             token,
@@ -698,6 +721,16 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("--force-new-cluster"), "{e}");
+        let mut args = vec!["--id", "1", "--peers", peers, "--bootstrap"];
+        args.extend(["--restore-from", "/b.snap", "--restore-term-bump", "1000"]);
+        assert_eq!(parse(&args).unwrap().restore_term_bump, 1000);
+        let e = parse(&["--id", "1", "--restore-term-bump", "5"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--restore-from"), "{e}");
+        args.pop();
+        args.push("8589934592");
+        assert!(parse(&args).is_err(), "2^33 is too far");
     }
 
     #[test]

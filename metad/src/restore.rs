@@ -9,9 +9,10 @@
 //! * the snapshot covers the log up to `(term, applied index)` of the backup, and its stored
 //!   membership is `--peers`, so openraft starts as an initialized member of that membership
 //!   whose log begins after the snapshot, with no `initialize` call;
-//! * the stored vote is the backup's term, so the first election of the new cluster is at a
-//!   higher term than every log id (and than every version of the restored objects, whose terms
-//!   are the old cluster's: reservations of the new cluster never repeat one).
+//! * the stored vote is the backup's term (plus `--restore-term-bump`), so the first election
+//!   of the new cluster is at a higher term than every log id (and than every version of the
+//!   restored objects, whose terms are the old cluster's: reservations of the new cluster never
+//!   repeat one).
 //!
 //! All members hold byte-identical state at the same log id, so they agree whoever leads; a
 //! member added later (`regolith members add`) finds the log begins after the snapshot and gets
@@ -133,7 +134,20 @@ fn restore(settings: &Settings, cfg: &StorageConfig, file: &Path) -> Result<()> 
         last_membership: StoredMembership::new(Some(log_id), Membership::new(vec![voters], nodes)),
         snapshot_id: format!("restore-{}-{}", info.term, info.applied_index),
     };
-    let vote = Vote::new(info.term, settings.id);
+    // The first election is at a term above this one (see the module doc).
+    let vote_term = info
+        .term
+        .checked_add(settings.restore_term_bump)
+        .filter(|t| *t < 1 << 62)
+        .ok_or_else(|| {
+            fail(format!(
+                "--restore-from {}: term {} + --restore-term-bump {} is out of range",
+                file.display(),
+                info.term,
+                settings.restore_term_bump
+            ))
+        })?;
+    let vote = Vote::new(vote_term, settings.id);
 
     let marker = dir.join(RESTORE_MARKER);
     std::fs::write(&marker, format!("restoring from {}\n", file.display())).map_err(|e| {
@@ -152,6 +166,7 @@ fn restore(settings: &Settings, cfg: &StorageConfig, file: &Path) -> Result<()> 
     tracing::warn!(
         file = %file.display(),
         term = info.term,
+        first_election_above = vote_term,
         applied_index = info.applied_index,
         keys = sm.key_count(),
         segments = sm.segments().count(),

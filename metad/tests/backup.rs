@@ -187,7 +187,14 @@ fn snapshot_saved_with_the_cli_restores_into_a_new_cluster() {
 
     // A new cluster, every initial member restored from the same file. A long node_ttl keeps
     // the segments of the old sidecars (none run here) from being declared dead meanwhile.
-    let extra = ["--restore-from", file.to_str().unwrap(), "--node-ttl", "1h"];
+    let extra = [
+        "--restore-from",
+        file.to_str().unwrap(),
+        "--restore-term-bump",
+        "1000",
+        "--node-ttl",
+        "1h",
+    ];
     let mut dst = Cluster::start_with(3, &extra);
     start_leader_of(&dst);
     // Later starts (a new member, restarts) are plain ones.
@@ -216,8 +223,8 @@ fn snapshot_saved_with_the_cli_restores_into_a_new_cluster() {
     rt.block_on(async {
         let st = dclient.stats().await.unwrap();
         assert!(
-            st.term > source_term,
-            "new term {} <= {source_term}",
+            st.term > source_term + 1000,
+            "new term {} <= {source_term} + 1000",
             st.term
         );
         assert_eq!(st.members.len(), 3);
