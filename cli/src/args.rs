@@ -129,6 +129,8 @@ pub enum Command {
     Members(MembersArgs),
     /// Segments (one per sidecar): list, drain
     Segments(SegmentsArgs),
+    /// metad administration: snapshot save (a backup of the replicated state), snapshot inspect
+    Metad(MetadAdminArgs),
     /// Benchmark the cluster through the sidecar of --socket: local and remote puts and gets
     /// at several sizes, beside the machine's memcpy and loopback-TCP ceilings
     Bench(BenchArgs),
@@ -332,6 +334,37 @@ pub enum MembersCommand {
 }
 
 #[derive(Args, Debug, Clone)]
+pub struct MetadAdminArgs {
+    #[command(flatten)]
+    pub metad: MetadArg,
+    #[command(subcommand)]
+    pub command: MetadAdminCommand,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum MetadAdminCommand {
+    /// Backups of the replicated state (docs/metad.md "Backup and recovery")
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum SnapshotCommand {
+    /// Ask the metad leader for a consistent snapshot (segments, objects, the metadata KV) and
+    /// write it to FILE (atomically: a temp file beside it, validated, then renamed); restore
+    /// it into a new cluster with `regolith-metad --restore-from FILE`
+    Save {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Check FILE (header, length, checksum) and print what it holds
+    Inspect {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
 pub struct SegmentsArgs {
     #[command(flatten)]
     pub metad: MetadArg,
@@ -369,6 +402,7 @@ impl Command {
             Command::Rm(a) => &a.metad,
             Command::Members(a) => &a.metad,
             Command::Segments(a) => &a.metad,
+            Command::Metad(a) => &a.metad,
             Command::Bench(a) => &a.metad,
         };
         m.metad.as_deref()
@@ -411,6 +445,25 @@ mod tests {
         assert_eq!(c.command.metad_arg(), Some("h:3"));
         let c = parse(&["segments", "drain", "node-0", "--timeout", "2s"]).unwrap();
         assert_eq!(c.global.timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn metad_snapshot_save_and_inspect_take_a_file() {
+        let c = parse(&["metad", "snapshot", "save", "/b/m.snap", "--metad", "h:1"]).unwrap();
+        assert_eq!(c.command.metad_arg(), Some("h:1"));
+        match c.command {
+            Command::Metad(MetadAdminArgs {
+                command: MetadAdminCommand::Snapshot(SnapshotCommand::Save { file }),
+                ..
+            }) => assert_eq!(file, PathBuf::from("/b/m.snap")),
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&["metad", "snapshot", "inspect", "m.snap"]).is_ok());
+        assert!(
+            parse(&["metad", "snapshot", "save"]).is_err(),
+            "FILE is required"
+        );
+        assert!(parse(&["metad", "snapshot", "restore", "m.snap"]).is_err());
     }
 
     #[test]

@@ -39,6 +39,22 @@ pub struct Args {
     pub bootstrap: bool,
     #[arg(long, env = "REGOLITH_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Restore a brand-new cluster from a snapshot file (`regolith metad snapshot save`): with
+    /// --bootstrap, on every initial member (same file, same --peers); the state starts as the
+    /// snapshot's. Ignored when the data dir already has state. See docs/metad.md "Backup and
+    /// recovery".
+    #[arg(long, env = "REGOLITH_RESTORE_FROM", value_name = "FILE")]
+    pub restore_from: Option<PathBuf>,
+    /// With --restore-from: start the new cluster's terms this far above the snapshot's, past
+    /// any term sidecars of the old cluster may have seen since it was taken (they fence writes
+    /// of older terms). At most 2^32.
+    #[arg(long, env = "REGOLITH_RESTORE_TERM_BUMP", value_name = "N")]
+    pub restore_term_bump: Option<u64>,
+    /// Recovery from a lost quorum: make this replica, from its own data, the only member of
+    /// its cluster (then add members back with `regolith members add`). Once: a later start
+    /// with the flag is refused. No environment variable or config key, on purpose.
+    #[arg(long)]
+    pub force_new_cluster: bool,
     /// HTTP address of /metrics, /health, /ready, /status.
     #[arg(long, env = "REGOLITH_METRICS_ADDR")]
     pub metrics_addr: Option<String>,
@@ -160,6 +176,8 @@ pub struct FileConfig {
     pub peers: Option<String>,
     pub bootstrap: Option<bool>,
     pub data_dir: Option<PathBuf>,
+    pub restore_from: Option<PathBuf>,
+    pub restore_term_bump: Option<u64>,
     pub metrics_addr: Option<String>,
     pub cluster_token_file: Option<PathBuf>,
     pub peer_token_file: Option<PathBuf>,
@@ -205,6 +223,12 @@ pub struct Settings {
     pub peers: BTreeMap<u64, String>,
     pub bootstrap: bool,
     pub data_dir: PathBuf,
+    /// `--restore-from`: seed an empty data dir from this snapshot file before bootstrap.
+    pub restore_from: Option<PathBuf>,
+    /// `--restore-term-bump`: added to the snapshot's term for the restored vote.
+    pub restore_term_bump: u64,
+    /// `--force-new-cluster`: rewrite the membership to this replica alone before start.
+    pub force_new_cluster: bool,
     pub metrics_addr: SocketAddr,
     pub token: Option<String>,
     /// The Raft peer credential, if any (`--peer-token-file`).
@@ -342,6 +366,31 @@ impl Args {
             return Err(Error::Config(format!(
                 "--bootstrap needs --peers to include this replica (id {id})"
             )));
+        }
+        let restore_from = self.restore_from.or(file.restore_from);
+        if restore_from.is_some() && !bootstrap {
+            return Err(Error::Config(
+                "--restore-from creates a new cluster: give it with --bootstrap and --peers, on every initial member".into(),
+            ));
+        }
+        let restore_term_bump = self
+            .restore_term_bump
+            .or(file.restore_term_bump)
+            .unwrap_or(0);
+        if restore_term_bump > 0 && restore_from.is_none() {
+            return Err(Error::Config(
+                "--restore-term-bump only applies with --restore-from".into(),
+            ));
+        }
+        if restore_term_bump > 1 << 32 {
+            return Err(Error::Config(format!(
+                "--restore-term-bump {restore_term_bump}: at most 2^32 (peers refuse terms far above their own)"
+            )));
+        }
+        if self.force_new_cluster && (bootstrap || restore_from.is_some()) {
+            return Err(Error::Config(
+                "--force-new-cluster restarts an existing member from its own data: it does not go with --bootstrap or --restore-from".into(),
+            ));
         }
         let advertise = advertise_flag
             .or_else(|| peers.get(&id).cloned())
@@ -536,6 +585,9 @@ impl Args {
             peers,
             bootstrap,
             data_dir,
+            restore_from,
+            restore_term_bump,
+            force_new_cluster: self.force_new_cluster,
             metrics_addr,
             token,
             peer_token,
@@ -646,6 +698,55 @@ mod tests {
         assert!(e.contains("id 3"), "{e}");
         assert!(parse(&["--peers", "1=h:1"]).is_err(), "--id required");
         assert!(parse(&["--id", "1", "--eviction-ratio", "3"]).is_err());
+    }
+
+    #[test]
+    fn restore_and_force_flags_go_with_the_right_others() {
+        let peers = "1=127.0.0.1:1,2=127.0.0.1:2";
+        let s = parse(&[
+            "--id",
+            "1",
+            "--peers",
+            peers,
+            "--bootstrap",
+            "--restore-from",
+            "/b.snap",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.restore_from.as_deref(),
+            Some(std::path::Path::new("/b.snap"))
+        );
+        let e = parse(&["--id", "1", "--restore-from", "/b.snap"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--bootstrap"), "{e}");
+        assert!(
+            parse(&["--id", "1", "--force-new-cluster"])
+                .unwrap()
+                .force_new_cluster
+        );
+        let e = parse(&[
+            "--id",
+            "1",
+            "--peers",
+            peers,
+            "--bootstrap",
+            "--force-new-cluster",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--force-new-cluster"), "{e}");
+        let mut args = vec!["--id", "1", "--peers", peers, "--bootstrap"];
+        args.extend(["--restore-from", "/b.snap", "--restore-term-bump", "1000"]);
+        assert_eq!(parse(&args).unwrap().restore_term_bump, 1000);
+        let e = parse(&["--id", "1", "--restore-term-bump", "5"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--restore-from"), "{e}");
+        args.pop();
+        args.push("8589934592");
+        assert!(parse(&args).is_err(), "2^33 is too far");
     }
 
     #[test]

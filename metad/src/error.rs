@@ -75,6 +75,10 @@ pub enum Error {
     Storage { path: String, reason: String },
     #[error("configuration: {0}")]
     Config(String),
+    /// `--restore-from` or `--force-new-cluster` refused (a bad snapshot file, a data dir in the
+    /// wrong state); the message says what to do.
+    #[error("{0}")]
+    Recovery(String),
     #[error("io on {what}: {source}")]
     Io {
         what: String,

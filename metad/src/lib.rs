@@ -28,6 +28,8 @@
 //! * [`metrics`] — Prometheus metrics.
 //! * [`node`] — a running replica: storage, Raft and the [`ops`] handles, housekeeping, the
 //!   summary log.
+//! * [`restore`] — `--restore-from` (seed a new member from a snapshot file) and
+//!   `--force-new-cluster` (a survivor of a lost quorum alone), before storage opens.
 //! * [`args`] — flags, TOML file, `REGOLITH_*` environment; [`run`] — the process entry point
 //!   (the shared `regolith_proto::daemon::main` shell), the listeners (bound before storage and
 //!   Raft) and the servers on them.
@@ -60,6 +62,7 @@ pub mod objects;
 pub mod ops;
 pub mod proposer;
 pub mod raft_types;
+pub mod restore;
 pub mod run;
 pub mod sm;
 pub mod state;

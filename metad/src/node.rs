@@ -56,6 +56,7 @@ impl Node {
             path: dir.display().to_string(),
             reason: e.to_string(),
         };
+        crate::restore::check_markers(&dir)?;
         let had_state = regolith_raft_log::has_state(&dir).map_err(storage_err)?;
         let clock = Clock::default();
         let core = Arc::new(Mutex::new(Core::new(settings.cache.clone())));
@@ -65,6 +66,7 @@ impl Node {
             max_read_bytes: settings.raft_max_message_bytes as u64 / 2,
             ..Default::default()
         };
+        let prepared = crate::restore::prepare(&settings, &storage_cfg, had_state).await?;
         let (log, sm) = regolith_raft_log::open(
             &dir,
             &storage_cfg,
@@ -107,7 +109,9 @@ impl Node {
         let raft = Raft::new(settings.id, Arc::new(raft_cfg), network, log, sm)
             .await
             .map_err(|e| Error::Raft(format!("starting raft: {e}")))?;
-        if settings.bootstrap && !had_state {
+        if prepared == crate::restore::Prepared::Restored {
+            tracing::info!(peers = ?settings.peers, "cluster created from the snapshot file: no bootstrap entry");
+        } else if settings.bootstrap && !had_state {
             let members: BTreeMap<u64, BasicNode> = settings
                 .peers
                 .iter()
@@ -150,6 +154,8 @@ impl Node {
             clock,
             applied,
             max_entry_bytes: settings.max_entry_bytes,
+            spool_dir: settings.data_dir.clone(),
+            saving: tokio::sync::Mutex::new(()),
         });
         Ok(Arc::new(Node {
             settings,

@@ -545,6 +545,37 @@ impl MetadClient {
     }
 }
 
+impl MetadClient {
+    /// `SaveSnapshot`: opens the stream at the leader (following redirects and retrying like
+    /// [`MetadClient::call`]), then writes every chunk to `out` in order. Returns the bytes
+    /// written and the address that served them. A stream that breaks off is an error: what
+    /// `out` holds then is incomplete (the caller validates the file before keeping it).
+    pub async fn save_snapshot<W: std::io::Write>(&self, out: &mut W) -> Result<(u64, String)> {
+        let (mut stream, addr) = self
+            .call("save_snapshot", |mut c| async move {
+                c.save_snapshot(SaveSnapshotRequest {}).await
+            })
+            .await?;
+        let mut written = 0u64;
+        loop {
+            let chunk = stream.message().await.map_err(|s| Error::Rpc {
+                addr: addr.clone(),
+                code: s.code(),
+                message: s.message().to_string(),
+            })?;
+            let Some(chunk) = chunk else {
+                return Ok((written, addr));
+            };
+            out.write_all(&chunk.data).map_err(|source| Error::File {
+                op: "write snapshot to",
+                path: "the output file".into(),
+                source,
+            })?;
+            written += chunk.data.len() as u64;
+        }
+    }
+}
+
 /// Codes worth another attempt, possibly at another replica.
 fn retryable(s: &Status) -> bool {
     matches!(

@@ -21,6 +21,28 @@ pub enum Error {
         code: tonic::Code,
         message: String,
     },
+    /// A snapshot file (`regolith metad snapshot save`) that is damaged, truncated or foreign.
+    #[error("snapshot file {}: {reason}", .path.display())]
+    BadSnapshotFile {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    #[error(
+        "snapshot file {} has format version {found}; this build reads version {supported} \
+         (was it written by a newer Regolith?)", .path.display()
+    )]
+    SnapshotFileVersion {
+        path: std::path::PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    #[error("cannot {op} {}: {source}", .path.display())]
+    File {
+        op: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("no metad leader reachable among [{tried}] within {waited_ms} ms: last error: {last}")]
     NoLeader {
         tried: String,

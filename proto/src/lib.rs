@@ -33,6 +33,8 @@
 //! * `tls` — mutual TLS (rustls) for gRPC and the data plane: certificate files, rotation
 //!   without a restart, the stream types and tonic's connector.
 //! * `error` — the error enum of the metad client and token files.
+//! * `backup` — the metad snapshot file (`regolith metad snapshot save`, `--restore-from`):
+//!   header, info, checksum, validation.
 //!
 //! With the `pki` feature (the CLI, tests): `pki`, a private CA issuing certificates for a
 //! cluster's mutual TLS.
@@ -66,6 +68,8 @@ pub mod common {
 
 #[cfg(feature = "grpc")]
 pub mod auth;
+#[cfg(feature = "grpc")]
+pub mod backup;
 #[cfg(feature = "grpc")]
 pub mod client;
 #[cfg(feature = "grpc")]

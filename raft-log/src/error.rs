@@ -96,6 +96,10 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// An offline operation on a data directory refused to run (it names why).
+    #[error("{path}: {reason}")]
+    Refused { path: PathBuf, reason: String },
+
     /// The background flusher thread is gone (it panicked or the store is shutting down).
     #[error("the log flusher thread of {path} has stopped")]
     FlusherStopped { path: PathBuf },

@@ -20,6 +20,8 @@
 //! * `state_machine` — [`SledStateMachine`]: applies entries to `S`, builds and installs
 //!   snapshots.
 //! * `snapshot` — the snapshot file format and the snapshot directory.
+//! * `offline` — [`seed_snapshot`] (restore a new member from a backup) and
+//!   [`force_single_member`] (a survivor of a lost quorum becomes a one-member cluster).
 //! * `stats` — [`StorageStats`], atomics the application exports as metrics.
 
 // No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic
@@ -34,6 +36,7 @@ mod core;
 mod error;
 mod flusher;
 mod log_store;
+mod offline;
 mod snapshot;
 mod state_machine;
 mod stats;
@@ -43,6 +46,7 @@ pub use crate::core::StateMachineCore;
 pub use crate::error::{Error, Result};
 pub use crate::flusher::FlusherPause;
 pub use crate::log_store::{SledLogStore, LOG_LAYOUT_VERSION};
+pub use crate::offline::{force_single_member, seed_snapshot};
 pub use crate::snapshot::SNAPSHOT_FORMAT_VERSION;
 pub use crate::state_machine::{AppliedHandle, SledSnapshotBuilder, SledStateMachine};
 pub use crate::stats::{LatencyHistogram, StorageStats};

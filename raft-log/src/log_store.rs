@@ -164,6 +164,19 @@ pub(crate) fn has_log_state(dir: &Path) -> Result<bool> {
     Ok(has_log || has_meta(KEY_VOTE)? || has_meta(KEY_LAST_PURGED)?)
 }
 
+/// Writes `vote` into the log store in `dir` (creating it) and flushes, with no store open.
+pub(crate) fn write_vote_offline(dir: &Path, cfg: &StorageConfig, vote: &Vote<u64>) -> Result<()> {
+    let path = dir.join(SLED_DIR);
+    let db = open_db(&path, cfg.sled_cache_bytes, cfg.sled_mode.into())?;
+    let meta = open_tree(&db, META_TREE, &path)?;
+    check_layout(&meta, &path)?;
+    meta.insert(KEY_VOTE, encode(vote, KEY_VOTE)?)
+        .map_err(|e| Error::sled("write the meta tree", &path, e))?;
+    db.flush()
+        .map_err(|e| Error::sled("flush the database", &path, e))?;
+    Ok(())
+}
+
 fn open_db(path: &Path, cache_bytes: u64, mode: sled::Mode) -> Result<sled::Db> {
     sled::Config::new()
         .path(path)
@@ -390,6 +403,27 @@ where
                 Ok(())
             }
         }
+    }
+}
+
+/// Offline operations ([`crate::offline`]), used before openraft owns the store.
+impl<C> SledLogStore<C>
+where
+    C: RaftTypeConfig<NodeId = u64, Node = BasicNode, Entry = Entry<C>>,
+{
+    pub(crate) fn log_state_offline(&self) -> Result<LogState<C>> {
+        self.log_state()
+    }
+
+    pub(crate) fn purge_offline(&self, log_id: LogId<u64>) -> Result<()> {
+        self.purge_upto(log_id)
+    }
+
+    /// Appends one entry and waits until it is durable.
+    pub(crate) async fn append_offline(&self, entry: Entry<C>) -> Result<()> {
+        let (count, bytes) = self.write_entries([entry])?;
+        self.shared.stats.record_append(count, bytes);
+        self.shared.flusher.flush().await
     }
 }
 

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod get;
 pub mod ls;
 pub mod members;
+pub mod metad;
 pub mod put;
 pub mod rm;
 pub mod segments;
@@ -31,6 +32,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Rm(a) => rm::run(&ctx, a),
         Command::Members(a) => members::run(&ctx, a),
         Command::Segments(a) => segments::run(&ctx, a),
+        Command::Metad(a) => metad::run(&ctx, a),
         Command::Bench(a) => bench::run(&ctx, a),
         Command::Tls(a) => tls::run(a),
     }

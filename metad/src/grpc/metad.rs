@@ -162,6 +162,35 @@ impl Metad for MetadService {
         Ok(Response::new(Box::pin(stream)))
     }
 
+    type SaveSnapshotStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<pb::SnapshotChunk, Status>> + Send + 'static>,
+    >;
+
+    async fn save_snapshot(
+        &self,
+        _req: Request<pb::SaveSnapshotRequest>,
+    ) -> Reply<Self::SaveSnapshotStream> {
+        use tokio_stream::StreamExt;
+        self.ops
+            .metrics
+            .rpc_requests
+            .with_label_values(&["save_snapshot"])
+            .inc();
+        // Fails fast on a follower (NOT_LEADER with the leader's address), before a stream opens.
+        self.ops.leader().await.map_err(status)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let (ops, shutdown) = (self.ops.clone(), self.shutdown.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = ops.save_snapshot(tx) => {}
+                _ = shutdown.wait() => {}
+            }
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx)
+            .map(|m| m.map(|data| pb::SnapshotChunk { data }).map_err(status));
+        Ok(Response::new(Box::pin(stream)))
+    }
+
     async fn mount_segment(
         &self,
         req: Request<pb::MountSegmentRequest>,

@@ -11,6 +11,7 @@
 //! * [`meta`] — the metadata KV: get, put, delete.
 //! * [`segments`] — mount, unmount, heartbeat, drain, list segments.
 //! * [`members`] — Raft membership changes.
+//! * [`backup`] — `SaveSnapshot`: the state spooled under the lock, then streamed.
 //! * [`watch`] — the stream of the object index to sidecars: a snapshot, then the changes
 //!   of every applied entry.
 //! * [`stats`] — the snapshot of the store and of Raft that `Stats`, `/status`, `/metrics` and
@@ -19,6 +20,7 @@
 //! This module holds [`Ops`], the handles an operation needs, and the checks they share: the
 //! leader and read gates and the key limits.
 
+pub mod backup;
 pub mod get;
 pub mod members;
 pub mod meta;
@@ -60,6 +62,10 @@ pub struct Ops {
     pub applied: tokio::sync::watch::Receiver<u64>,
     /// `--max-entry-bytes`: large batches are split below it.
     pub max_entry_bytes: usize,
+    /// Where `SaveSnapshot` spools the state (the data directory; the file is unlinked at once).
+    pub spool_dir: std::path::PathBuf,
+    /// Held while a `SaveSnapshot` runs: one at a time.
+    pub saving: tokio::sync::Mutex<()>,
 }
 
 /// One member of the Raft group.
