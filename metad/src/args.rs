@@ -65,13 +65,23 @@ pub struct Args {
     /// token; Raft messages without it are refused (PERMISSION_DENIED).
     #[arg(long, env = "REGOLITH_PEER_TOKEN_FILE")]
     pub peer_token_file: Option<PathBuf>,
-    /// Serve the Mooncake-compatible metadata KV at --http-metadata-addr.
+    /// Serve the Mooncake-compatible metadata KV at --http-metadata-addr (a value may follow,
+    /// as Mooncake's `--enable_http_metadata_server=1`: true/false, 1/0, yes/no, on/off).
     #[arg(
         long,
         alias = "enable_http_metadata_server",
-        env = "REGOLITH_ENABLE_HTTP_METADATA_SERVER"
+        env = "REGOLITH_ENABLE_HTTP_METADATA_SERVER",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub enable_http_metadata_server: bool,
+    /// Mooncake master's flags for the same settings.
+    #[command(flatten)]
+    pub master: crate::master_flags::MasterFlags,
     #[arg(
         long,
         alias = "http_metadata_addr",
@@ -94,7 +104,7 @@ pub struct Args {
         env = "REGOLITH_EVICTION_HIGH_WATERMARK"
     )]
     pub eviction_high_watermark: Option<f64>,
-    #[arg(long, env = "REGOLITH_EVICTION_RATIO")]
+    #[arg(long, alias = "eviction_ratio", env = "REGOLITH_EVICTION_RATIO")]
     pub eviction_ratio: Option<f64>,
     #[arg(long, env = "REGOLITH_HARD_PIN_MAX_RATIO")]
     pub hard_pin_max_ratio: Option<f64>,
@@ -252,6 +262,8 @@ pub struct Settings {
     pub worker_threads: Option<usize>,
     pub verbose: u8,
     pub json_logs: bool,
+    /// Started with neither `--id` nor `--peers`: a single-replica cluster (id 1).
+    pub single_replica: bool,
 }
 
 pub use regolith_proto::daemon::normalize_argv;
@@ -341,27 +353,49 @@ impl Args {
                     .map_err(|e| Error::Config(format!("config file {}: {e}", p.display())))?
             }
         };
-        let id = self
-            .id
-            .or(file.id)
-            .ok_or_else(|| Error::Config("--id is required".into()))?;
+        let master = self.master.clone();
+        let peers_arg = self.peers.or(file.peers);
+        // Neither an id nor peers: a single-replica cluster on the defaults, as `mooncake_master`
+        // alone runs one master (it can grow with `regolith members add`).
+        let single = self.id.or(file.id).is_none() && peers_arg.is_none();
+        let id = match self.id.or(file.id) {
+            Some(id) => id,
+            None if single => 1,
+            None => return Err(Error::Config("--id is required with --peers".into())),
+        };
         if id == 0 {
             return Err(Error::Config("--id must be positive".into()));
         }
-        let peers = match self.peers.or(file.peers) {
+        let mut peers = match peers_arg {
             Some(p) => parse_peers(&p)?,
             None => BTreeMap::new(),
         };
         let advertise_flag = self.advertise.or(file.advertise);
         let listen = match self.listen.or(file.listen) {
             Some(l) => sock("listen", &l)?,
-            None => default_listen(
-                advertise_flag
-                    .as_deref()
-                    .or(peers.get(&id).map(|s| s.as_str())),
-            ),
+            None => {
+                let d = default_listen(
+                    advertise_flag
+                        .as_deref()
+                        .or(peers.get(&id).map(|s| s.as_str())),
+                );
+                master.listen(d)?.unwrap_or(d)
+            }
         };
-        let bootstrap = self.bootstrap || file.bootstrap.unwrap_or(false);
+        if single {
+            let reach = if listen.ip().is_unspecified() {
+                SocketAddr::new(std::net::IpAddr::from([127, 0, 0, 1]), listen.port())
+            } else {
+                listen
+            };
+            peers.insert(
+                id,
+                advertise_flag.clone().unwrap_or_else(|| reach.to_string()),
+            );
+        }
+        let bootstrap = self.bootstrap
+            || file.bootstrap.unwrap_or(false)
+            || (single && !self.force_new_cluster);
         if bootstrap && !peers.contains_key(&id) {
             return Err(Error::Config(format!(
                 "--bootstrap needs --peers to include this replica (id {id})"
@@ -399,13 +433,11 @@ impl Args {
             .data_dir
             .or(file.data_dir)
             .unwrap_or_else(|| PathBuf::from(format!("metad-{id}")));
-        let metrics_addr = sock(
-            "metrics-addr",
-            &self
-                .metrics_addr
-                .or(file.metrics_addr)
-                .unwrap_or_else(|| format!("{LOOPBACK}:9003")),
-        )?;
+        let default_metrics = sock("metrics-addr", &format!("{LOOPBACK}:9003"))?;
+        let metrics_addr = match self.metrics_addr.or(file.metrics_addr) {
+            Some(m) => sock("metrics-addr", &m)?,
+            None => master.metrics(default_metrics).unwrap_or(default_metrics),
+        };
         let token = match self.cluster_token_file.or(file.cluster_token_file) {
             Some(p) => Some(
                 regolith_proto::auth::read_token_file(&p)
@@ -429,13 +461,11 @@ impl Args {
         let http_enabled =
             self.enable_http_metadata_server || file.enable_http_metadata_server.unwrap_or(false);
         let http_metadata_addr = if http_enabled {
-            Some(sock(
-                "http-metadata-addr",
-                &self
-                    .http_metadata_addr
-                    .or(file.http_metadata_addr)
-                    .unwrap_or_else(|| format!("{LOOPBACK}:8080")),
-            )?)
+            let default_kv = sock("http-metadata-addr", &format!("{LOOPBACK}:8080"))?;
+            Some(match self.http_metadata_addr.or(file.http_metadata_addr) {
+                Some(a) => sock("http-metadata-addr", &a)?,
+                None => master.http_metadata(default_kv)?.unwrap_or(default_kv),
+            })
         } else {
             None
         };
@@ -444,12 +474,12 @@ impl Args {
         let cache = CacheConfig {
             lease_ttl_ms: ms(dur(
                 "lease-ttl",
-                self.lease_ttl.or(file.lease_ttl),
+                self.lease_ttl.or(file.lease_ttl).or(master.lease_ttl()),
                 Duration::from_millis(d.lease_ttl_ms),
             )?),
             node_ttl_ms: ms(dur(
                 "node-ttl",
-                self.node_ttl.or(file.node_ttl),
+                self.node_ttl.or(file.node_ttl).or(master.node_ttl()),
                 Duration::from_millis(d.node_ttl_ms),
             )?),
             put_timeout_ms: ms(dur(
@@ -471,7 +501,9 @@ impl Args {
                 .unwrap_or(d.hard_pin_max_ratio),
             soft_pin_ttl_ms: ms(dur(
                 "soft-pin-ttl",
-                self.soft_pin_ttl.or(file.soft_pin_ttl),
+                self.soft_pin_ttl
+                    .or(file.soft_pin_ttl)
+                    .or(master.soft_pin_ttl()),
                 Duration::from_millis(d.soft_pin_ttl_ms),
             )?),
             drain_timeout_ms: ms(dur(
@@ -614,11 +646,14 @@ impl Args {
             raft_max_message_bytes,
             sled_cache_bytes: size("sled-cache", self.sled_cache.or(file.sled_cache), 32 << 20)?,
             worker_threads: regolith_proto::daemon::worker_threads(
-                self.worker_threads.or(file.worker_threads),
+                self.worker_threads
+                    .or(file.worker_threads)
+                    .or(master.rpc_thread_num),
             )
             .map_err(Error::Config)?,
             verbose: self.verbose,
             json_logs,
+            single_replica: single,
         })
     }
 }
@@ -660,6 +695,78 @@ mod tests {
         .unwrap();
         assert_eq!(s.http_metadata_addr.unwrap().to_string(), "127.0.0.1:8080");
         assert_eq!(s.cache.lease_ttl_ms, 2000);
+    }
+
+    /// Issue 13, item 6: Mooncake master's command line starts a replica as it is.
+    #[test]
+    fn mooncake_master_flags_map_to_their_settings() {
+        // `mooncake_master --enable_http_metadata_server=1`: no id, no peers, values on bools.
+        let s = parse(&["--enable_http_metadata_server=1"]).unwrap();
+        assert!(s.single_replica && s.bootstrap);
+        assert_eq!(s.id, 1);
+        assert_eq!(s.listen.to_string(), "127.0.0.1:50051");
+        assert_eq!(s.peers.get(&1).map(String::as_str), Some("127.0.0.1:50051"));
+        assert_eq!(s.metrics_addr.to_string(), "127.0.0.1:9003");
+        assert_eq!(s.http_metadata_addr.unwrap().to_string(), "127.0.0.1:8080");
+        assert_eq!(s.data_dir, PathBuf::from("metad-1"));
+        for (v, on) in [
+            ("true", true),
+            ("0", false),
+            ("false", false),
+            ("yes", true),
+        ] {
+            let s = parse(&[&format!("--enable_http_metadata_server={v}")]).unwrap();
+            assert_eq!(s.http_metadata_addr.is_some(), on, "{v}");
+        }
+        assert!(parse(&["--enable_http_metadata_server=maybe"]).is_err());
+        // The ports, addresses, TTLs and threads, gflags' single dash included.
+        let s = parse(&[
+            "-rpc_port",
+            "6000",
+            "--rpc_address",
+            "127.0.0.2",
+            "-metrics_port=6001",
+            "--enable_http_metadata_server",
+            "--http_metadata_server_port",
+            "6002",
+            "--default_kv_lease_ttl",
+            "1500",
+            "--default_kv_soft_pin_ttl",
+            "60000",
+            "--client_ttl",
+            "7",
+            "-max_threads",
+            "3",
+            "--eviction_ratio",
+            "0.1",
+            "--v=1",
+        ])
+        .unwrap();
+        assert_eq!(s.cache.eviction_ratio, 0.1);
+        assert_eq!(s.listen.to_string(), "127.0.0.2:6000");
+        assert_eq!(s.peers.get(&1).map(String::as_str), Some("127.0.0.2:6000"));
+        assert_eq!(s.metrics_addr.to_string(), "127.0.0.1:6001");
+        assert_eq!(s.http_metadata_addr.unwrap().to_string(), "127.0.0.1:6002");
+        assert_eq!(s.cache.lease_ttl_ms, 1500);
+        assert_eq!(s.cache.soft_pin_ttl_ms, 60_000);
+        assert_eq!(s.cache.node_ttl_ms, 7000);
+        assert_eq!(s.worker_threads, Some(3));
+        assert_eq!(s.verbose, 1);
+        // `-port` is rpc_port's old name; Regolith's own flags win over Mooncake's.
+        let s = parse(&["-port", "50001", "--listen", "127.0.0.1:7000"]).unwrap();
+        assert_eq!(s.listen.to_string(), "127.0.0.1:7000");
+        let s = parse(&["-port", "50001"]).unwrap();
+        assert_eq!(s.listen.to_string(), "127.0.0.1:50001");
+        // Bound to every interface, the replica still names a reachable address.
+        let s = parse(&["--rpc_address", "0.0.0.0"]).unwrap();
+        assert_eq!(s.peers.get(&1).map(String::as_str), Some("127.0.0.1:50051"));
+        assert!(parse(&["--rpc_address", "somewhere"]).is_err());
+        // A multi-replica command line still needs its id.
+        let e = parse(&["--peers", "1=127.0.0.1:1,2=127.0.0.1:2"]).unwrap_err();
+        assert!(e.to_string().contains("--id"), "{e}");
+        // With an id, nothing is implied.
+        let s = parse(&["--id", "3"]).unwrap();
+        assert!(!s.single_replica && !s.bootstrap && s.peers.is_empty());
     }
 
     /// Finding 13 (issue 14): standalone daemons bound every interface by default.

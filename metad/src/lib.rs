@@ -55,6 +55,7 @@ pub mod gate;
 pub mod grpc;
 pub mod http;
 pub mod leader;
+pub mod master_flags;
 pub mod metrics;
 pub mod network;
 pub mod node;

@@ -178,6 +178,30 @@ fn grpc_incoming(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
+/// How long gRPC connections may stay open once the replica is stopping: tonic's graceful stop
+/// waits for every connection to close, and a client that stalls (SIGSTOP'd, or whose runtime
+/// no longer runs) never closes its own; past this the rest are dropped.
+const GRPC_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs the gRPC server until it stops by itself, or until [`GRPC_DRAIN`] after `shutdown`.
+async fn serve_grpc_until_drained<E: std::fmt::Display>(
+    grpc: impl std::future::Future<Output = std::result::Result<(), E>>,
+    shutdown: &Shutdown,
+) {
+    let drained = async {
+        let _ = shutdown.wait().await;
+        tokio::time::sleep(GRPC_DRAIN).await;
+    };
+    tokio::select! {
+        r = grpc => if let Err(e) = r {
+            tracing::error!(error = %e, "gRPC server failed");
+        },
+        () = drained => tracing::warn!(
+            "gRPC connections still open {GRPC_DRAIN:?} after the stop began: closing them"
+        ),
+    }
+}
+
 /// A replica ([`node::Node`]) with the listeners it serves on.
 pub struct Replica {
     node: Arc<node::Node>,
@@ -188,6 +212,15 @@ impl Replica {
     /// Binds the listeners, then opens storage and starts Raft.
     pub async fn start(settings: Settings) -> Result<Self> {
         let listeners = Listeners::bind(&settings).await?;
+        if settings.single_replica {
+            tracing::info!(
+                grpc = %settings.listen,
+                metrics = %settings.metrics_addr,
+                http_metadata = ?settings.http_metadata_addr,
+                data_dir = %settings.data_dir.display(),
+                "no --id or --peers: a single-replica cluster (replica 1); `regolith members add` grows it"
+            );
+        }
         let node = node::Node::start(settings).await?;
         Ok(Self { node, listeners })
     }
@@ -260,9 +293,7 @@ impl Replica {
             .kv
             .map(|l| crate::http::serve_metadata_kv(node.clone(), l, shutdown.clone()));
         node.spawn_background(&shutdown);
-        if let Err(e) = grpc.await {
-            tracing::error!(error = %e, "gRPC server failed");
-        }
+        serve_grpc_until_drained(grpc, &shutdown).await;
         let _ = shutdown.wait().await;
         tracing::info!("shutting down: stopping raft");
         let _ = http.await;

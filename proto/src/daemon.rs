@@ -131,11 +131,17 @@ pub fn private_dir(dir: &std::path::Path) -> std::io::Result<bool> {
     Ok(mode & 0o077 != 0)
 }
 
-/// Rewrites Mooncake's `-v=N` / `--v=N` into N `-v` flags (at most 4).
+/// Rewrites Mooncake's `-v=N` / `--v=N` into N `-v` flags (at most 4), and gflags' single-dash
+/// long flags (`-rpc_port 50051`, `-enable_gc=true`, `-port 50001`: Mooncake's own scripts
+/// write them so) into the double-dash form clap reads.
 pub fn normalize_argv<T: Into<OsString>>(argv: impl IntoIterator<Item = T>) -> Vec<OsString> {
     let mut out = Vec::new();
     for a in argv {
         let a: OsString = a.into();
+        let a = match a.to_str().and_then(gflags_long) {
+            Some(long) => OsString::from(long),
+            None => a,
+        };
         let n = a.to_str().and_then(|s| {
             s.strip_prefix("-v=")
                 .or_else(|| s.strip_prefix("--v="))
@@ -147,6 +153,18 @@ pub fn normalize_argv<T: Into<OsString>>(argv: impl IntoIterator<Item = T>) -> V
         }
     }
     out
+}
+
+/// `-name[=value]` as `--name[=value]` when `name` is a gflags-style long name: several
+/// characters with an underscore (`-rpc_port`), or Mooncake's `-port`.
+fn gflags_long(arg: &str) -> Option<String> {
+    let rest = arg.strip_prefix('-')?;
+    if rest.starts_with('-') {
+        return None;
+    }
+    let name = rest.split_once('=').map_or(rest, |(n, _)| n);
+    let word = name.len() > 1 && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+    (word && (name.contains('_') || name == "port")).then(|| format!("-{arg}"))
 }
 
 /// Logs on stderr through `tracing`: `levels[v]` for `-v` given `v` times (the last entry for
@@ -202,6 +220,42 @@ mod tests {
         assert_eq!(
             out,
             ["d", "-v", "-v", "-v", "-v", "-v", "-v", "-v", "--id", "-v"]
+        );
+    }
+
+    #[test]
+    fn gflags_single_dash_long_flags_get_two_dashes() {
+        let out = normalize_argv([
+            "d",
+            "-rpc_port",
+            "50001",
+            "-enable_gc=true",
+            "-port",
+            "7",
+            "-h",
+            "-v",
+            "--metrics_port",
+            "-x_",
+            "-Upper_case",
+            "-",
+        ]);
+        let out: Vec<&str> = out.iter().map(|a| a.to_str().unwrap()).collect();
+        assert_eq!(
+            out,
+            [
+                "d",
+                "--rpc_port",
+                "50001",
+                "--enable_gc=true",
+                "--port",
+                "7",
+                "-h",
+                "-v",
+                "--metrics_port",
+                "--x_",
+                "-Upper_case",
+                "-"
+            ]
         );
     }
 }
