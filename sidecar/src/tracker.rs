@@ -550,4 +550,62 @@ mod tests {
             "a slice of an older term is not finished"
         );
     }
+
+    #[test]
+    fn a_hand_over_carries_fences_terms_and_holds_copies_in_progress() {
+        let t = Tracker::new(1);
+        let a = TrackerAdmission(t.clone());
+        // A remote reservation done, one with a slice in progress, a local copy, a fence.
+        drop(a.admit_write(&write(1, 3, 1, 0)).unwrap());
+        let busy = a.admit_write(&write(1, 3, 2, 8192)).unwrap();
+        t.track_local(v(3, 3), 9, vec![e(65536, 4096)]);
+        t.track_local(v(3, 4), 10, vec![e(131072, 4096)]);
+        assert!(t.quarantined(&[v(3, 5)]) == vec![v(3, 5)]);
+        // The hand-over closes connection 10 mid-copy: held, not dropped.
+        t.set_hold_closing(true);
+        t.untrack_conn(10);
+        let s = t.snapshot();
+        drop(busy);
+        assert_eq!(s.highest_term, 3);
+        assert_eq!(s.fenced, vec![(3, 5)]);
+        assert_eq!(s.released, vec![(3, 5)]);
+        assert_eq!(s.remote.iter().map(|h| h.id).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(
+            s.held.iter().map(|h| h.id).collect::<Vec<_>>(),
+            vec![2, 3, 4],
+            "in progress: a slice, a local copy, a closed session's copy"
+        );
+        // Through the wire format into a fresh tracker of the same generation.
+        let s: TrackerState = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+        let n = Tracker::new(1);
+        n.restore(&s);
+        assert_eq!(n.highest_term(), 3);
+        assert!(n.is_fenced(v(3, 5)));
+        let na = TrackerAdmission(n.clone());
+        assert_eq!(
+            na.admit_write(&write(1, 3, 5, 0)).err(),
+            Some(Status::Fenced)
+        );
+        assert_eq!(
+            na.admit_write(&write(1, 2, 9, 0)).err(),
+            Some(Status::StaleTerm)
+        );
+        let listed: Vec<Key> = n.in_flight().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(listed, vec![v(3, 1), v(3, 2), v(3, 3), v(3, 4)]);
+        // metad quarantines them all: the idle remote one is released at once, the held ones
+        // are not (a copy may still run in a client whose session was closed).
+        assert_eq!(
+            n.quarantined(&[v(3, 1), v(3, 2), v(3, 3), v(3, 4), v(3, 5)]),
+            vec![v(3, 1), v(3, 5)]
+        );
+        // Once the hold is over, they are.
+        for h in n.inner.lock().held.values_mut() {
+            h.1 = Instant::now();
+        }
+        assert_eq!(
+            n.quarantined(&[v(3, 1), v(3, 2), v(3, 3), v(3, 4), v(3, 5)])
+                .len(),
+            5
+        );
+    }
 }
