@@ -25,6 +25,7 @@ use crate::proxy::ProxyControl;
 pub trait NodeControl {
     fn crash_node(&self, host: &str) -> Result<()>;
     fn restart_node(&self, host: &str) -> Result<()>;
+    fn upgrade_node(&self, host: &str) -> Result<String>;
     fn nic_traffic(&self, host: &str) -> Result<BTreeMap<String, u64>>;
 }
 
@@ -34,6 +35,9 @@ impl<W: crate::workload::Workload> NodeControl for W {
     }
     fn restart_node(&self, host: &str) -> Result<()> {
         crate::workload::Workload::restart_node(self, host)
+    }
+    fn upgrade_node(&self, host: &str) -> Result<String> {
+        crate::workload::Workload::upgrade_node(self, host)
     }
     fn nic_traffic(&self, host: &str) -> Result<BTreeMap<String, u64>> {
         crate::workload::Workload::nic_traffic(self, host)
@@ -94,6 +98,9 @@ pub enum Fault {
     NicCut { host: String, nic: u8 },
     /// The sidecar of a host crashed (its segment lost) and restarted.
     SidecarCrash { host: String },
+    /// The sidecar of a host upgraded in place: a new process started with `--takeover`
+    /// takes its segment over (same generation: nothing may be lost) while clients run.
+    SidecarUpgrade { host: String },
     /// Delay added by the proxies in front of the data ports.
     DataPortLatency { delay: Duration },
     /// A client on every sidecar host sending malformed and hostile frames to the sidecars'
@@ -118,6 +125,7 @@ impl Fault {
             Fault::HostCutoff { host } => format!("host-cutoff-{host}"),
             Fault::NicCut { host, nic } => format!("nic-cut-{host}-eth{nic}"),
             Fault::SidecarCrash { host } => format!("sidecar-crash-{host}"),
+            Fault::SidecarUpgrade { host } => format!("sidecar-upgrade-{host}"),
             Fault::DataPortLatency { delay } => format!("data-latency-{}ms", delay.as_millis()),
             Fault::ByzantineClient => "byzantine-client".into(),
         }
@@ -139,6 +147,7 @@ impl Fault {
             Fault::HostCutoff { .. } => "host-cutoff",
             Fault::NicCut { .. } => "nic-cut",
             Fault::SidecarCrash { .. } => "sidecar-crash",
+            Fault::SidecarUpgrade { .. } => "sidecar-upgrade",
             Fault::DataPortLatency { .. } => "data-latency",
             Fault::ByzantineClient => "byzantine-client",
         }
@@ -149,7 +158,10 @@ impl Fault {
     pub fn needs_data_plane(&self) -> bool {
         matches!(
             self,
-            Fault::NicCut { .. } | Fault::DataPortLatency { .. } | Fault::ByzantineClient
+            Fault::NicCut { .. }
+                | Fault::DataPortLatency { .. }
+                | Fault::ByzantineClient
+                | Fault::SidecarUpgrade { .. }
         )
     }
 
@@ -170,6 +182,7 @@ impl Fault {
             Fault::PauseAll => Box::new(PauseAll { paused: Vec::new() }),
             Fault::MembershipChange => Box::new(MembershipChange),
             Fault::SidecarCrash { host } => Box::new(SidecarCrash { host }),
+            Fault::SidecarUpgrade { host } => Box::new(SidecarUpgrade { host }),
             Fault::DataPortLatency { delay } => Box::new(DataPortLatency {
                 delay,
                 bytes_before: 0,
@@ -318,6 +331,22 @@ impl Nemesis for SidecarCrash {
     fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
         ctx.nodes.restart_node(&self.host)?;
         Ok(format!("sidecar of {} restarted", self.host))
+    }
+}
+
+struct SidecarUpgrade {
+    host: String,
+}
+
+impl Nemesis for SidecarUpgrade {
+    fn name(&self) -> String {
+        format!("sidecar-upgrade-{}", self.host)
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        ctx.nodes.upgrade_node(&self.host)
+    }
+    fn heal(&mut self, _ctx: &mut FaultCtx<'_>) -> Result<String> {
+        Ok("nothing to heal (the new process serves)".into())
     }
 }
 

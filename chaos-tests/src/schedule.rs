@@ -26,7 +26,9 @@ pub fn default_hold(fault: &Fault) -> Duration {
         }
         Fault::RestartAll => Duration::from_millis(1500),
         Fault::MembershipChange => Duration::from_millis(2000),
-        Fault::KillLeader | Fault::SidecarCrash { .. } => Duration::from_millis(2000),
+        Fault::KillLeader | Fault::SidecarCrash { .. } | Fault::SidecarUpgrade { .. } => {
+            Duration::from_millis(2000)
+        }
         // Long enough for every probe kind to reach every daemon several times.
         Fault::ByzantineClient => Duration::from_millis(4000),
         _ => Duration::from_millis(3000),
@@ -60,6 +62,9 @@ fn every_fault(rng: &mut StdRng, data_plane: bool) -> Vec<Fault> {
             host: sidecar_host(rng),
         },
         Fault::SidecarCrash {
+            host: sidecar_host(rng),
+        },
+        Fault::SidecarUpgrade {
             host: sidecar_host(rng),
         },
         Fault::NicCut {
@@ -133,7 +138,10 @@ mod tests {
         let q = quick(1, false);
         assert_eq!(q.len(), 11);
         assert!(q.iter().all(|s| !s.fault.needs_data_plane()));
-        assert_eq!(quick(1, true).len(), 14);
+        assert_eq!(quick(1, true).len(), 15);
+        assert!(quick(1, true)
+            .iter()
+            .any(|s| s.fault.kind() == "sidecar-upgrade"));
         assert!(quick(1, true)
             .iter()
             .any(|s| s.fault.kind() == "byzantine-client"));

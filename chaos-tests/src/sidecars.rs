@@ -656,6 +656,67 @@ impl Workload for SidecarWorkload {
         Ok(())
     }
 
+    fn upgrade_node(&self, host: &str) -> Result<String> {
+        let node = self.node(host)?;
+        let before = node.segment().ok_or_else(|| {
+            Error::Cluster(format!("the sidecar of {host} serves no segment yet"))
+        })?;
+        let mut args = node.args.clone();
+        args.push("--takeover".into());
+        let new = netns::spawn_in(&node.host.ns, &node.launch.program, &args, &node.log)?;
+        let new_pid = new.id();
+        // The new process is the node's from now on; the old one must exit 0 by itself once
+        // it handed over.
+        let old = node.child.lock().replace(new);
+        let Some(mut old) = old else {
+            return Err(Error::Cluster(format!(
+                "the sidecar of {host} was not running"
+            )));
+        };
+        let end = Instant::now() + self.cfg.start_timeout;
+        let status = loop {
+            if let Some(st) = old.try_wait().map_err(|e| Error::Cluster(e.to_string()))? {
+                break st;
+            }
+            let new_exited = node.exited();
+            if Instant::now() > end || new_exited.is_some() {
+                // The old process serves on after a failed hand-over: it stays the node's.
+                node.kill();
+                *node.child.lock() = Some(old);
+                return Err(Error::Cluster(format!(
+                    "the hand-over of {host}'s sidecar did not complete (new process: {}):\n{}",
+                    new_exited.unwrap_or_else(|| "still running, killed".into()),
+                    log_tail(&node.log, 30)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if !status.success() {
+            return Err(Error::Cluster(format!(
+                "the old sidecar of {host} exited with {status} after the hand-over"
+            )));
+        }
+        let (n, timeout) = (node.clone(), self.cfg.start_timeout);
+        let loc = node.on_host(async move { n.wait_serving(None, timeout).await })??;
+        node.observe(loc, "upgraded");
+        if loc != before {
+            return Err(Error::Cluster(format!(
+                "the upgraded sidecar of {host} serves node {} generation {}, not {} generation {} (a remount loses the cache)",
+                loc.node, loc.generation, before.node, before.generation
+            )));
+        }
+        tracing::info!(
+            host,
+            pid = new_pid,
+            generation = loc.generation,
+            "sidecar upgraded"
+        );
+        Ok(format!(
+            "sidecar of {host} upgraded (pid {new_pid}), still generation {}",
+            loc.generation
+        ))
+    }
+
     fn data_proxies(&self) -> Vec<Arc<ProxyControl>> {
         self.proxies
             .lock()

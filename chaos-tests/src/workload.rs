@@ -77,6 +77,15 @@ pub trait Workload: Send + Sync + 'static {
         )))
     }
 
+    /// Upgrades the node's sidecar in place (a new process takes the segment over with
+    /// `--takeover`: same generation, nothing lost); returns what happened.
+    fn upgrade_node(&self, host: &str) -> Result<String> {
+        Err(Error::Config(format!(
+            "workload {} cannot upgrade the sidecar of {host}",
+            self.name()
+        )))
+    }
+
     /// Controls of the proxies in front of the sidecars' data ports (the data-port latency
     /// fault acts on them); none for a workload that moves no bytes.
     fn data_proxies(&self) -> Vec<Arc<crate::proxy::ProxyControl>> {

@@ -373,9 +373,30 @@ impl Cluster {
 
     /// (Re)starts sidecar `i` with its persistent state dir.
     pub fn start_sidecar(&mut self, i: usize) {
+        let child = self.spawn_sidecar(i, &[]);
+        self.sidecars[i].proc.child = Some(child);
+    }
+
+    /// Upgrades sidecar `i` in place, as an operator would: a new process of the same binary
+    /// with the same flags plus `--takeover` (and `extra`) takes the running one's segment
+    /// over. Returns the old process, which exits once the hand-over is committed; the new
+    /// one becomes `sidecars[i].proc`.
+    pub fn upgrade_sidecar(&mut self, i: usize, extra: &[&str]) -> Proc {
+        let mut flags = vec!["--takeover"];
+        flags.extend_from_slice(extra);
+        let child = self.spawn_sidecar(i, &flags);
+        let s = &mut self.sidecars[i];
+        Proc {
+            child: s.proc.child.replace(child),
+            log: s.proc.log.clone(),
+        }
+    }
+
+    /// Spawns a process of sidecar `i` (its flags and `extra`), logging to its log.
+    pub fn spawn_sidecar(&self, i: usize, extra: &[&str]) -> Child {
         let metad = self.metad_addrs();
         let tls = self.tls_launch(&self.sidecars[i].name);
-        let s = &mut self.sidecars[i];
+        let s = &self.sidecars[i];
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -393,7 +414,12 @@ impl Cluster {
             cluster_token_file: Some(self.token_file.clone()),
             nics: s.nics.clone(),
             tls,
-            extra: s.extra.iter().map(Into::into).collect(),
+            extra: s
+                .extra
+                .iter()
+                .map(Into::into)
+                .chain(extra.iter().map(Into::into))
+                .collect(),
             ..SidecarLaunch::default()
         };
         let mut cmd = Command::new(&self.sidecar_bin);
@@ -401,7 +427,7 @@ impl Cluster {
             .env("RUST_LOG", "info,regolith_sidecar=debug")
             .stdout(Stdio::null())
             .stderr(log);
-        s.proc.child = Some(cmd.spawn().expect("spawn sidecar"));
+        cmd.spawn().expect("spawn sidecar")
     }
 
     /// Waits until sidecar `i` accepts clients.

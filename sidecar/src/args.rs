@@ -55,6 +55,16 @@ pub struct Args {
     /// HTTP address of /metrics, /health, /status.
     #[arg(long, env = "REGOLITH_METRICS_ADDR")]
     pub metrics_addr: Option<String>,
+    /// Unix socket on which this sidecar hands its segment, listeners and state to a
+    /// successor started with --takeover (mode 0600, same user only). Default: the --socket
+    /// path with `.handover` appended.
+    #[arg(long, env = "REGOLITH_HANDOVER_SOCKET")]
+    pub handover_socket: Option<PathBuf>,
+    /// Take over the segment (the cache), the listeners and the generation of the sidecar
+    /// running on --handover-socket instead of mounting a new segment (an upgrade that keeps
+    /// the cache); fails if no sidecar answers there.
+    #[arg(long, env = "REGOLITH_TAKEOVER", value_parser = clap::builder::BoolishValueParser::new())]
+    pub takeover: bool,
     /// Drain this node (no new placements) before unmounting on SIGTERM.
     #[arg(long, env = "REGOLITH_DRAIN_ON_EXIT")]
     pub drain_on_exit: bool,
@@ -115,6 +125,8 @@ pub struct FileConfig {
     pub conns_per_nic_pair: Option<usize>,
     pub socket: Option<PathBuf>,
     pub socket_group: Option<String>,
+    pub handover_socket: Option<PathBuf>,
+    pub takeover: Option<bool>,
     pub metrics_addr: Option<String>,
     pub drain_on_exit: Option<bool>,
     pub index: Option<bool>,
@@ -149,6 +161,10 @@ pub struct Settings {
     pub socket: PathBuf,
     pub socket_group: Option<String>,
     pub metrics_addr: SocketAddr,
+    /// Where this sidecar offers the hand-over of its segment to a successor.
+    pub handover_socket: PathBuf,
+    /// Take over from the sidecar on `handover_socket` instead of mounting.
+    pub takeover: bool,
     pub drain_on_exit: bool,
     /// Keep the object index fed by metad's watch stream (`--index`, default off).
     pub index: bool,
@@ -344,6 +360,21 @@ impl Args {
         if max_clients == 0 {
             return Err(cfg("--max-clients must be at least 1".into()));
         }
+        let socket = self
+            .socket
+            .or(file.socket)
+            .unwrap_or_else(|| PathBuf::from("/run/regolith/sidecar.sock"));
+        let handover_socket = self
+            .handover_socket
+            .or(file.handover_socket)
+            .unwrap_or_else(|| {
+                let mut p = socket.clone().into_os_string();
+                p.push(".handover");
+                PathBuf::from(p)
+            });
+        if handover_socket == socket {
+            return Err(cfg("--handover-socket must differ from --socket".into()));
+        }
         Ok(Settings {
             state_dir: self
                 .state_dir
@@ -358,12 +389,11 @@ impl Args {
             data_port,
             slice_size: slice as u32,
             conns_per_nic_pair: conns,
-            socket: self
-                .socket
-                .or(file.socket)
-                .unwrap_or_else(|| PathBuf::from("/run/regolith/sidecar.sock")),
+            socket,
             socket_group: self.socket_group.or(file.socket_group),
             metrics_addr,
+            handover_socket,
+            takeover: self.takeover || file.takeover.unwrap_or(false),
             drain_on_exit: self.drain_on_exit || file.drain_on_exit.unwrap_or(false),
             index: self.index || file.index.unwrap_or(false),
             drain_timeout: dur(
@@ -400,6 +430,22 @@ mod tests {
         regolith_proto::daemon::parse_argv::<Args>(argv.map(String::from))
             .map_err(|e| Error::Config(e.to_string()))?
             .resolve()
+    }
+
+    #[test]
+    fn the_handover_socket_defaults_beside_the_socket() {
+        let m = ["--metad", "127.0.0.1:50051"];
+        let s = parse(&[m[0], m[1], "--socket", "/tmp/x/side.sock"]).unwrap();
+        assert_eq!(
+            s.handover_socket,
+            PathBuf::from("/tmp/x/side.sock.handover")
+        );
+        assert!(!s.takeover);
+        let s = parse(&[m[0], m[1], "--handover-socket", "/tmp/h", "--takeover"]).unwrap();
+        assert_eq!(s.handover_socket, PathBuf::from("/tmp/h"));
+        assert!(s.takeover);
+        let same = ["--socket", "/tmp/s", "--handover-socket", "/tmp/s"];
+        assert!(parse(&[m[0], m[1], same[0], same[1], same[2], same[3]]).is_err());
     }
 
     #[test]

@@ -16,6 +16,9 @@ pub enum Error {
     StateFile { path: String, reason: String },
     #[error("metad: {0}")]
     Metad(String),
+    /// A sidecar upgrade's hand-over (`crate::handover`) failed or was refused.
+    #[error("hand-over: {0}")]
+    Handover(String),
     #[error("socket {path}: {reason}")]
     Socket { path: String, reason: String },
     #[error("{what}: {source}")]

@@ -178,11 +178,40 @@ pub async fn serve(side: Arc<Sidecar>, shutdown: Shutdown) -> Result<tokio::task
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| Error::Bind { addr, source: e })?;
+    Ok(serve_listener(side, listener, shutdown))
+}
+
+/// Binds `--metrics-addr` (blocking; the listener is served by [`serve_on`]).
+pub fn bind(addr: std::net::SocketAddr) -> Result<std::net::TcpListener> {
+    std::net::TcpListener::bind(addr).map_err(|e| Error::Bind { addr, source: e })
+}
+
+/// Serves the HTTP endpoints on a listener bound already (by [`bind`], or handed over by the
+/// sidecar this process replaces).
+pub fn serve_on(
+    side: Arc<Sidecar>,
+    listener: std::net::TcpListener,
+    shutdown: Shutdown,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let io = |source| Error::Os {
+        what: "metrics listener".into(),
+        source,
+    };
+    listener.set_nonblocking(true).map_err(io)?;
+    let listener = TcpListener::from_std(listener).map_err(io)?;
+    Ok(serve_listener(side, listener, shutdown))
+}
+
+fn serve_listener(
+    side: Arc<Sidecar>,
+    listener: TcpListener,
+    shutdown: Shutdown,
+) -> tokio::task::JoinHandle<()> {
     let refused = side
         .metrics
         .connections_refused
         .with_label_values(&["metrics"]);
-    Ok(regolith_proto::httpd::serve(
+    regolith_proto::httpd::serve(
         listener,
         "metrics",
         move || refused.inc(),
@@ -191,5 +220,5 @@ pub async fn serve(side: Arc<Sidecar>, shutdown: Shutdown) -> Result<tokio::task
             let side = side.clone();
             async move { route(&side, &req) }
         },
-    ))
+    )
 }

@@ -15,6 +15,8 @@
 //! * [`index`] — the node's compact index of the cluster's objects (sans-I/O), with
 //!   read-your-writes overrides; [`watch`] — the task that keeps it current from metad's
 //!   `Watch` stream, its health, and the accesses reported to the leader.
+//! * [`handover`] — upgrades that keep the cache: the segment memfd, the listeners and the
+//!   state handed to a successor process (`--takeover`) over a Unix socket (SCM_RIGHTS).
 //! * [`node`] — the running sidecar: identity, mount, heartbeats, drain, unmount.
 //! * [`uds`] — the UDS server: socket, sessions, hello with memfds, and the translation of
 //!   requests and replies to and from [`ops`].
@@ -32,6 +34,7 @@
 
 pub mod args;
 pub mod error;
+pub mod handover;
 pub mod http;
 pub mod index;
 pub mod mem;

@@ -43,8 +43,12 @@ pub struct Sidecar {
     pub shutting_down: AtomicBool,
     /// The segment was drained and unmounted gracefully: stays so until restart.
     pub retired: AtomicBool,
-    /// The data-plane server (none on a consumer-only node); taken at shutdown.
+    /// The data-plane server (none on a consumer-only node); taken at shutdown and while a
+    /// hand-over to a successor process is under way.
     pub server: Mutex<Option<crate::transport::tcp::TcpServer>>,
+    /// Held by every heartbeat of the loop; a hand-over holds it from its state snapshot on,
+    /// so that no heartbeat reports (or changes) what the successor was handed.
+    pub hb_gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 pub fn metad_clients(settings: &Settings) -> Result<(MetadClient, MetadClient)> {
@@ -253,6 +257,13 @@ impl Sidecar {
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = shutdown.wait() => return,
+            }
+            let _gate = tokio::select! {
+                g = self.hb_gate.lock() => g,
+                _ = shutdown.wait() => return,
+            };
+            if shutdown.is_shutdown() {
+                return;
             }
             let ok = self.heartbeat_once().await;
             delay = if ok {

@@ -14,12 +14,13 @@ use parking_lot::Mutex;
 
 use crate::args::{Args, Settings};
 use crate::error::{Error, Result};
+use crate::handover;
 use crate::metrics::{Metrics, Observer};
 use crate::node::{self, Sidecar};
 use crate::ops::Store;
 use crate::segment::{Segment, SegmentOptions};
-use crate::tracker::{Tracker, TrackerAdmission};
-use crate::transport::tcp::{ServerConfig, TcpConfig, TcpServer, TcpTransport};
+use crate::tracker::Tracker;
+use crate::transport::tcp::{TcpConfig, TcpTransport};
 use crate::transport::{DataClient, StripeConfig, TransportStats};
 use crate::watch::NodeIndex;
 use regolith_proto::daemon;
@@ -35,9 +36,26 @@ pub const SHELL: daemon::Shell = daemon::Shell {
     ],
 };
 
-/// Starts everything and serves until `shutdown` fires.
-pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
-    let hint = node::identity_hint(&settings)?;
+/// How this process got its segment: mounted a new generation, or took over the running
+/// sidecar's (`--takeover`).
+struct Start {
+    segment: Arc<Segment>,
+    node_id: u64,
+    generation: u64,
+    /// (term, leader id) known at start.
+    leader: (u64, u64),
+    segment_used: u64,
+    data_addrs: Vec<String>,
+    tracker: Arc<Tracker>,
+    data: Vec<std::net::TcpListener>,
+    /// Handed over (a fresh start binds them once the data plane serves).
+    uds: Option<std::os::unix::net::UnixListener>,
+    http: Option<std::net::TcpListener>,
+    link: Option<handover::Link>,
+}
+
+async fn fresh(settings: &Settings, metad: &regolith_proto::client::MetadClient) -> Result<Start> {
+    let hint = node::identity_hint(settings)?;
     let segment = tokio::task::spawn_blocking({
         let (name, size, huge) = (
             settings.node_name.clone(),
@@ -69,50 +87,123 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
             .map(|ip| std::net::SocketAddr::new(*ip, settings.data_port).to_string())
             .collect()
     };
-    let (metad, hb_client) = node::metad_clients(&settings)?;
-    let mounted = node::mount(&metad, &settings, hint, segment.len(), &data_addrs).await?;
+    let mounted = node::mount(metad, settings, hint, segment.len(), &data_addrs).await?;
     let (node_id, generation, term) = (mounted.node_id, mounted.generation, mounted.term);
     if node_id != hint {
         tracing::info!(node_id, "node id assigned by metad");
     }
-    node::save_identity(&settings, node_id)?;
+    node::save_identity(settings, node_id)?;
     tracing::info!(node = %settings.node_name, node_id, generation, "segment mounted");
+    let tracker = Tracker::new(generation);
+    mounted.apply_to(&tracker);
+    let mut data = Vec::new();
+    if !segment.is_empty() {
+        for ip in &settings.nics {
+            let addr = std::net::SocketAddr::new(*ip, settings.data_port);
+            match std::net::TcpListener::bind(addr) {
+                Ok(l) => data.push(l),
+                Err(source) => {
+                    unmount_after_failure(metad, node_id, generation).await;
+                    return Err(Error::Bind { addr, source });
+                }
+            }
+        }
+    }
+    Ok(Start {
+        segment,
+        node_id,
+        generation,
+        leader: (term, 0),
+        segment_used: 0,
+        data_addrs,
+        tracker,
+        data,
+        uds: None,
+        http: None,
+        link: None,
+    })
+}
+
+async fn taken(settings: &Settings) -> Result<Start> {
+    let t = handover::take_over(settings).await?;
+    let st = t.state;
+    let refuse = |link: handover::Link, e: Error| async move {
+        link.refuse(&e.to_string()).await;
+        e
+    };
+    let key = match st.grant_key() {
+        Ok(k) => k,
+        Err(e) => return Err(refuse(t.link, e).await),
+    };
+    let tracker = Tracker::new(st.generation);
+    tracker.set_grant_key(st.node_id, key);
+    tracker.restore(&st.tracker);
+    tracker.observe_term(st.metad_term);
+    if let Err(e) = node::save_identity(settings, st.node_id) {
+        return Err(refuse(t.link, e).await);
+    }
+    tracing::info!(
+        node = %settings.node_name,
+        node_id = st.node_id,
+        generation = st.generation,
+        reservations_held = st.tracker.held.len(),
+        "segment taken over from the running sidecar (no remount)"
+    );
+    Ok(Start {
+        segment: Arc::new(t.segment),
+        node_id: st.node_id,
+        generation: st.generation,
+        leader: (st.metad_term, st.leader_id),
+        segment_used: st.segment_used,
+        data_addrs: st.data_addrs,
+        tracker,
+        data: t.data,
+        uds: Some(t.uds),
+        http: Some(t.http),
+        link: Some(t.link),
+    })
+}
+
+fn os(what: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |source| Error::Os {
+        what: what.into(),
+        source,
+    }
+}
+
+async fn accept(l: Option<&tokio::net::UnixListener>) -> std::io::Result<tokio::net::UnixStream> {
+    match l {
+        Some(l) => l.accept().await.map(|(s, _)| s),
+        None => std::future::pending().await,
+    }
+}
+
+/// Starts everything and serves until `shutdown` fires (or a successor took over).
+pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
+    // Every task stops on `stop`: the process's shutdown, or a completed hand-over.
+    let (stop_tx, stop) = regolith_proto::shutdown::channel();
+    let stop_tx = Arc::new(stop_tx);
+    {
+        let (t, s) = (stop_tx.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            s.wait().await;
+            t.trigger();
+        });
+    }
+    let (metad, hb_client) = node::metad_clients(&settings)?;
+    let mut start = if settings.takeover {
+        taken(&settings).await?
+    } else {
+        fresh(&settings, &metad).await?
+    };
+    let (node_id, generation) = (start.node_id, start.generation);
+    let segment = start.segment.clone();
     let metrics = Metrics::new();
     metrics.segment_bytes.set(segment.len() as i64);
     metrics.generation.set(generation as i64);
     let transport_stats = TransportStats::with_observer(Arc::new(Observer(metrics.clone())));
-    let tracker = Tracker::new(generation);
-    mounted.apply_to(&tracker);
+    let tracker = start.tracker.clone();
     let token = settings.token.as_ref().map(|t| t.as_bytes().to_vec());
-    let server = if !segment.is_empty() {
-        let cfg = ServerConfig {
-            listen: settings
-                .nics
-                .iter()
-                .map(|ip| std::net::SocketAddr::new(*ip, settings.data_port))
-                .collect(),
-            node_id,
-            token: token.clone(),
-            tls: settings.tls.clone(),
-            ..ServerConfig::default()
-        };
-        match TcpServer::start(
-            cfg,
-            segment.clone(),
-            Arc::new(TrackerAdmission(tracker.clone())),
-            transport_stats.clone(),
-        )
-        .await
-        {
-            Ok(s) => Some(s),
-            Err(e) => {
-                unmount_after_failure(&metad, node_id, generation).await;
-                return Err(e);
-            }
-        }
-    } else {
-        None
-    };
     let transport = TcpTransport::new(
         TcpConfig {
             node_id,
@@ -148,44 +239,112 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         transport_stats,
         metrics,
         instance_id: rand::random(),
-        data_addrs,
-        segment_used: AtomicU64::new(0),
-        leader: Mutex::new((term, 0)),
+        data_addrs: start.data_addrs.clone(),
+        segment_used: AtomicU64::new(start.segment_used),
+        leader: Mutex::new(start.leader),
         clients: AtomicU64::new(0),
         next_conn: AtomicU64::new(1),
         shutting_down: AtomicBool::new(false),
         retired: AtomicBool::new(false),
-        server: Mutex::new(server),
+        server: Mutex::new(None),
+        hb_gate: Arc::new(tokio::sync::Mutex::new(())),
     });
+    let mut serving = handover::Serving::new(side.clone(), stop.clone());
+    serving.listeners().data = std::mem::take(&mut start.data)
+        .into_iter()
+        .map(std::os::fd::OwnedFd::from)
+        .collect();
+    if let Some(link) = start.link.take() {
+        // The old process stops once this returns: from here on this one serves.
+        link.commit().await?;
+        tracing::info!("hand-over committed: serving");
+    }
+    // Data plane first (placements may name this node as soon as it is mounted).
+    if let Err(e) = serving.start_data() {
+        if start.uds.is_none() {
+            unmount_after_failure(&side.metad, node_id, generation).await;
+        }
+        return Err(e);
+    }
     side.heartbeat_once().await;
     let tls_reloader = settings
         .tls
         .as_ref()
-        .and_then(|t| t.spawn_reloader(shutdown.clone()));
-    let hb = tokio::spawn(side.clone().heartbeat_loop(shutdown.clone()));
+        .and_then(|t| t.spawn_reloader(stop.clone()));
+    let hb = tokio::spawn(side.clone().heartbeat_loop(stop.clone()));
     let watch = tokio::spawn(crate::watch::run(
         index,
         side.metad.clone(),
         node_id,
-        shutdown.clone(),
+        stop.clone(),
     ));
-    let http = crate::http::serve(side.clone(), shutdown.clone()).await?;
-    let listener = crate::uds::bind(&settings.socket, settings.socket_group.as_deref())?;
+    let http_listener = match start.http.take() {
+        Some(l) => l,
+        None => crate::http::bind(settings.metrics_addr)?,
+    };
+    serving.listeners().http = Some(
+        http_listener
+            .try_clone()
+            .map(std::os::fd::OwnedFd::from)
+            .map_err(os("metrics listener"))?,
+    );
+    let http = crate::http::serve_on(side.clone(), http_listener, stop.clone())?;
+    let uds_listener = match start.uds.take() {
+        Some(l) => l,
+        None => crate::uds::bind(&settings.socket, settings.socket_group.as_deref())?
+            .into_std()
+            .map_err(os("UDS listener"))?,
+    };
+    serving.listeners().uds = Some(std::os::fd::OwnedFd::from(uds_listener));
+    serving.start_uds()?;
     tracing::info!(socket = %settings.socket.display(), "serving local clients");
-    let uds = tokio::spawn(crate::uds::serve(side.clone(), listener, shutdown.clone()));
-    let _ = shutdown.wait().await;
+    let ho = match handover::bind(&settings.handover_socket, settings.takeover) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::error!(error = %e, "no hand-over socket: an upgrade of this sidecar will have to restart it (losing its cache)");
+            None
+        }
+    };
+    let handed = loop {
+        let accepted = tokio::select! {
+            _ = stop.wait() => break None,
+            r = accept(ho.as_ref()) => r,
+        };
+        match accepted {
+            Ok(conn) => match serving.hand_over(conn).await {
+                Ok(Some(gate)) => break Some(gate),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "hand-over refused"),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "hand-over socket: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
     side.shutting_down
         .store(true, std::sync::atomic::Ordering::Relaxed);
-    tracing::info!("shutting down");
-    let _ = std::fs::remove_file(&settings.socket);
-    let _ = uds.await;
-    side.leave().await;
-    let _ = hb.await;
-    let _ = watch.await;
-    let server = side.server.lock().take();
-    if let Some(s) = server {
-        s.shutdown().await;
+    match handed {
+        Some(gate) => {
+            // The successor serves the same socket, listeners and generation: remove
+            // nothing, unmount nothing.
+            stop_tx.trigger();
+            let _ = hb.await;
+            drop(gate);
+        }
+        None => {
+            tracing::info!("shutting down");
+            let _ = std::fs::remove_file(&settings.socket);
+            serving.stop_uds().await;
+            side.leave().await;
+            let _ = hb.await;
+            serving.stop_data().await;
+            if ho.is_some() {
+                let _ = std::fs::remove_file(&settings.handover_socket);
+            }
+        }
     }
+    let _ = watch.await;
     let _ = http.await;
     if let Some(r) = tls_reloader {
         let _ = r.await;

@@ -15,7 +15,7 @@
 //!   reported released once no slice of it is in progress and no local client holds it.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -65,8 +65,61 @@ struct Remote {
     last: Option<Instant>,
 }
 
+/// How long a reservation handed over by a sidecar upgrade counts as busy in the successor
+/// when it was in progress at the hand-over (a local client copying into it, whose session the
+/// old process closed, or a slice the old process was receiving): past metad's put timeout,
+/// and far past any copy a client could still be finishing after its socket closed.
+pub const HOLD: Duration = REMEMBER;
+
+/// A reservation and its extents, as a sidecar upgrade hands it over (`crate::handover`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Held {
+    pub term: u64,
+    pub id: u64,
+    /// `(offset, len)` in the segment.
+    pub extents: Vec<(u64, u64)>,
+}
+
+/// What the tracker knows, as a sidecar upgrade hands it to the successor process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TrackerState {
+    pub highest_term: u64,
+    /// Reservations metad quarantined: `(term, id)`.
+    pub fenced: Vec<(u64, u64)>,
+    /// Fenced and idle, reported released.
+    pub released: Vec<(u64, u64)>,
+    /// Reservations slices arrived for, none in progress (remembered as [`REMEMBER`] says).
+    pub remote: Vec<Held>,
+    /// Reservations in progress at the hand-over: busy for [`HOLD`] in the successor.
+    pub held: Vec<Held>,
+}
+
+fn held(key: Key, extents: &[Extent]) -> Held {
+    Held {
+        term: key.term,
+        id: key.id,
+        extents: extents.iter().map(|e| (e.offset, e.len)).collect(),
+    }
+}
+
+fn unheld(h: &Held) -> (Key, Vec<Extent>) {
+    (
+        Version {
+            term: h.term,
+            id: h.id,
+        },
+        h.extents
+            .iter()
+            .map(|&(offset, len)| Extent { offset, len })
+            .collect(),
+    )
+}
+
 #[derive(Debug, Default)]
 struct Inner {
+    /// Reservations that count as busy until the instant given (handed over while in
+    /// progress, or whose client's session a hand-over closed).
+    held: HashMap<Key, (Vec<Extent>, Instant)>,
     fenced: HashSet<Key>,
     remote: HashMap<Key, Remote>,
     /// Reservations local clients are copying into: key → (connection, extents).
@@ -81,6 +134,9 @@ pub struct Tracker {
     generation: AtomicU64,
     highest_term: AtomicU64,
     inner: Mutex<Inner>,
+    /// While a hand-over closes the client sessions: their local copies are held (for
+    /// [`HOLD`]) instead of dropped, since the server, not the client, ended them.
+    hold_closing: AtomicBool,
 }
 
 impl Tracker {
@@ -90,6 +146,7 @@ impl Tracker {
             generation: AtomicU64::new(generation),
             highest_term: AtomicU64::new(0),
             inner: Mutex::new(Inner::default()),
+            hold_closing: AtomicBool::new(false),
         })
     }
 
@@ -116,6 +173,79 @@ impl Tracker {
         g.local.clear();
         g.fenced.clear();
         g.released.clear();
+        g.held.clear();
+    }
+
+    /// Whether a connection's close holds its local copies (see [`HOLD`]) rather than drops
+    /// them: on while a hand-over closes the sessions.
+    pub fn set_hold_closing(&self, on: bool) {
+        self.hold_closing.store(on, Ordering::Release);
+    }
+
+    /// The grant key set last, with its node.
+    pub fn grant_key(&self) -> Option<(u64, NodeKey)> {
+        self.grants.get()
+    }
+
+    /// Everything a successor process needs to continue this generation (`crate::handover`).
+    /// Reservations with work in progress are handed over as held.
+    pub fn snapshot(&self) -> TrackerState {
+        let g = self.inner.lock();
+        let mut s = TrackerState {
+            highest_term: self.highest_term(),
+            fenced: g.fenced.iter().map(|k| (k.term, k.id)).collect(),
+            released: g.released.iter().map(|k| (k.term, k.id)).collect(),
+            ..TrackerState::default()
+        };
+        for (k, r) in &g.remote {
+            if r.active > 0 {
+                s.held.push(held(*k, &r.extents));
+            } else {
+                s.remote.push(held(*k, &r.extents));
+            }
+        }
+        for (k, (_, ext)) in &g.local {
+            s.held.push(held(*k, ext));
+        }
+        let now = Instant::now();
+        for (k, (ext, until)) in &g.held {
+            if *until > now {
+                s.held.push(held(*k, ext));
+            }
+        }
+        s.fenced.sort_unstable();
+        s.remote.sort_by_key(|h| (h.term, h.id));
+        s.held.sort_by_key(|h| (h.term, h.id));
+        s
+    }
+
+    /// Takes over what a predecessor process's [`Tracker::snapshot`] said (on a fresh tracker
+    /// of the same generation).
+    pub fn restore(&self, s: &TrackerState) {
+        self.observe_term(s.highest_term);
+        let now = Instant::now();
+        let mut g = self.inner.lock();
+        let key = |&(term, id): &(u64, u64)| Version { term, id };
+        g.fenced.extend(s.fenced.iter().map(key));
+        g.released.extend(s.released.iter().map(key));
+        for h in &s.remote {
+            let (k, extents) = unheld(h);
+            g.remote.insert(
+                k,
+                Remote {
+                    extents,
+                    active: 0,
+                    last: Some(now),
+                },
+            );
+        }
+        for h in &s.held {
+            let (k, extents) = unheld(h);
+            let e = g.held.entry(k).or_insert((Vec::new(), now + HOLD));
+            for x in extents {
+                add_extent(&mut e.0, x.offset, x.len);
+            }
+        }
     }
 
     pub fn highest_term(&self) -> u64 {
@@ -136,6 +266,7 @@ impl Tracker {
 
     /// A connection closed: its copies into local reservations are over.
     pub fn untrack_conn(&self, conn: u64) -> Vec<Key> {
+        let hold = self.hold_closing.load(Ordering::Acquire);
         let mut g = self.inner.lock();
         let keys: Vec<Key> = g
             .local
@@ -143,8 +274,13 @@ impl Tracker {
             .filter(|(_, (c, _))| *c == conn)
             .map(|(k, _)| *k)
             .collect();
+        let until = Instant::now() + HOLD;
         for k in &keys {
-            g.local.remove(k);
+            if let Some((_, ext)) = g.local.remove(k) {
+                if hold {
+                    g.held.insert(*k, (ext, until));
+                }
+            }
         }
         keys
     }
@@ -159,14 +295,24 @@ impl Tracker {
         let now = Instant::now();
         g.remote
             .retain(|_, r| r.active > 0 || r.last.is_none_or(|t| now.duration_since(t) < REMEMBER));
-        let mut out: Vec<(Key, Vec<Extent>)> = g
+        g.held.retain(|_, (_, until)| *until > now);
+        let mut out: HashMap<Key, Vec<Extent>> = g
             .remote
             .iter()
             .map(|(k, r)| (*k, r.extents.clone()))
             .collect();
-        for (k, (_, ext)) in &g.local {
-            out.push((*k, ext.clone()));
+        let busy = g
+            .local
+            .iter()
+            .map(|(k, (_, ext))| (k, ext))
+            .chain(g.held.iter().map(|(k, (ext, _))| (k, ext)));
+        for (k, ext) in busy {
+            let v = out.entry(*k).or_default();
+            for x in ext {
+                add_extent(v, x.offset, x.len);
+            }
         }
+        let mut out: Vec<(Key, Vec<Extent>)> = out.into_iter().collect();
         out.sort();
         out
     }
@@ -175,11 +321,15 @@ impl Tracker {
     /// returns those that can be reported released now (fenced, nothing in progress).
     pub fn quarantined(&self, keys: &[Key]) -> Vec<Key> {
         let mut g = self.inner.lock();
+        let now = Instant::now();
+        g.held.retain(|_, (_, until)| *until > now);
         let listed: HashSet<Key> = keys.iter().copied().collect();
         g.released.retain(|k| listed.contains(k));
         for k in keys {
             g.fenced.insert(*k);
-            let busy = g.remote.get(k).is_some_and(|r| r.active > 0) || g.local.contains_key(k);
+            let busy = g.remote.get(k).is_some_and(|r| r.active > 0)
+                || g.local.contains_key(k)
+                || g.held.contains_key(k);
             if !busy {
                 g.remote.remove(k);
                 g.released.insert(*k);
@@ -398,6 +548,64 @@ mod tests {
             g.complete(),
             Err(Status::StaleTerm),
             "a slice of an older term is not finished"
+        );
+    }
+
+    #[test]
+    fn a_hand_over_carries_fences_terms_and_holds_copies_in_progress() {
+        let t = Tracker::new(1);
+        let a = TrackerAdmission(t.clone());
+        // A remote reservation done, one with a slice in progress, a local copy, a fence.
+        drop(a.admit_write(&write(1, 3, 1, 0)).unwrap());
+        let busy = a.admit_write(&write(1, 3, 2, 8192)).unwrap();
+        t.track_local(v(3, 3), 9, vec![e(65536, 4096)]);
+        t.track_local(v(3, 4), 10, vec![e(131072, 4096)]);
+        assert!(t.quarantined(&[v(3, 5)]) == vec![v(3, 5)]);
+        // The hand-over closes connection 10 mid-copy: held, not dropped.
+        t.set_hold_closing(true);
+        t.untrack_conn(10);
+        let s = t.snapshot();
+        drop(busy);
+        assert_eq!(s.highest_term, 3);
+        assert_eq!(s.fenced, vec![(3, 5)]);
+        assert_eq!(s.released, vec![(3, 5)]);
+        assert_eq!(s.remote.iter().map(|h| h.id).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(
+            s.held.iter().map(|h| h.id).collect::<Vec<_>>(),
+            vec![2, 3, 4],
+            "in progress: a slice, a local copy, a closed session's copy"
+        );
+        // Through the wire format into a fresh tracker of the same generation.
+        let s: TrackerState = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+        let n = Tracker::new(1);
+        n.restore(&s);
+        assert_eq!(n.highest_term(), 3);
+        assert!(n.is_fenced(v(3, 5)));
+        let na = TrackerAdmission(n.clone());
+        assert_eq!(
+            na.admit_write(&write(1, 3, 5, 0)).err(),
+            Some(Status::Fenced)
+        );
+        assert_eq!(
+            na.admit_write(&write(1, 2, 9, 0)).err(),
+            Some(Status::StaleTerm)
+        );
+        let listed: Vec<Key> = n.in_flight().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(listed, vec![v(3, 1), v(3, 2), v(3, 3), v(3, 4)]);
+        // metad quarantines them all: the idle remote one is released at once, the held ones
+        // are not (a copy may still run in a client whose session was closed).
+        assert_eq!(
+            n.quarantined(&[v(3, 1), v(3, 2), v(3, 3), v(3, 4), v(3, 5)]),
+            vec![v(3, 1), v(3, 5)]
+        );
+        // Once the hold is over, they are.
+        for h in n.inner.lock().held.values_mut() {
+            h.1 = Instant::now();
+        }
+        assert_eq!(
+            n.quarantined(&[v(3, 1), v(3, 2), v(3, 3), v(3, 4), v(3, 5)])
+                .len(),
+            5
         );
     }
 }

@@ -29,6 +29,11 @@ impl GrantCheck {
         self.0.read().is_some()
     }
 
+    /// The node and key set last (what a sidecar upgrade hands over).
+    pub fn get(&self) -> Option<(u64, NodeKey)> {
+        self.0.read().clone()
+    }
+
     /// FORBIDDEN unless `req`'s grant verifies for `kind` on this node and covers the slice.
     pub fn check(&self, kind: Kind, req: &Request) -> Result<(), Status> {
         let g = self.0.read();

@@ -585,10 +585,38 @@ impl TcpServer {
                     addr: *addr,
                     source,
                 })?;
-            let local = l.local_addr().map_err(|source| Error::Bind {
+            let l = l.into_std().map_err(|source| Error::Bind {
                 addr: *addr,
                 source,
             })?;
+            bound.push(l);
+        }
+        Self::start_on(cfg, bound, segment, admission, stats)
+    }
+
+    /// Serves `segment` on listeners bound already (one per NIC: `cfg.listen` is not looked
+    /// at), e.g. those a sidecar upgrade hands over (`crate::handover`).
+    pub fn start_on(
+        cfg: ServerConfig,
+        listeners: Vec<std::net::TcpListener>,
+        segment: Arc<Segment>,
+        admission: Arc<dyn Admission>,
+        stats: Arc<TransportStats>,
+    ) -> Result<Self> {
+        if listeners.is_empty() {
+            return Err(Error::Config(
+                "data-plane server needs at least one listener".into(),
+            ));
+        }
+        let mut bound = Vec::new();
+        for l in listeners {
+            let io = |source| Error::Os {
+                what: "data-plane listener".into(),
+                source,
+            };
+            l.set_nonblocking(true).map_err(io)?;
+            let local = l.local_addr().map_err(io)?;
+            let l = TcpListener::from_std(l).map_err(io)?;
             bound.push((l, local));
         }
         let ctx = Arc::new(ServerCtx {
@@ -645,6 +673,22 @@ impl TcpServer {
             }
             None => false,
         }
+    }
+
+    /// Stops accepting and closes every connection, then waits (at most `within`) until no
+    /// connection task is left; returns whether none is. Connections queued on the listeners
+    /// stay queued for whoever serves the listeners' duplicates next.
+    pub async fn shutdown_and_drain(self, within: Duration) -> bool {
+        let ctx = self.ctx.clone();
+        self.shutdown().await;
+        let end = tokio::time::Instant::now() + within;
+        while ctx.active.load(Relaxed) > 0 {
+            if tokio::time::Instant::now() >= end {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
     }
 
     /// Stops every listener and connection, waiting for the listeners to close.

@@ -1,0 +1,384 @@
+//! Sidecar upgrades that keep the cache (issue 16 item 6), with real processes: a new process
+//! of the same binary started with `--takeover` takes the running sidecar's segment memfd,
+//! listeners and state over its hand-over socket; the node's objects stay readable, byte-exact,
+//! in the same generation. A hand-over refused or broken half way leaves the old process
+//! serving.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use regolith_client::ReplicateConfig;
+use regolith_e2e::{rt, value, wait_until, Cluster, Proc};
+
+const N: usize = 120;
+
+fn key(i: usize) -> String {
+    format!("up-{i}")
+}
+
+/// Sizes from a few bytes to ~600 KB (inline values, one slice, several slices).
+fn size(i: usize) -> usize {
+    [17, 4096, 70_000, 300_000, 600_001][i % 5] + i
+}
+
+fn put_all(c: &Cluster) {
+    let a = c.client(0);
+    let local = ReplicateConfig {
+        prefer_local: true,
+        ..Default::default()
+    };
+    for i in 0..N {
+        a.put(&key(i), &value(&key(i), size(i)), &local)
+            .unwrap_or_else(|e| panic!("put {}: {e}", key(i)));
+    }
+}
+
+fn check_all(c: &Cluster, i: usize, what: &str) {
+    let cl = c.client(i);
+    for k in 0..N {
+        let got = cl
+            .get(&key(k))
+            .unwrap_or_else(|e| panic!("{what}: get {} through node {i}: {e}", key(k)));
+        assert!(
+            got == value(&key(k), size(k)),
+            "{what}: {} read through node {i} differs from what was put",
+            key(k)
+        );
+    }
+}
+
+/// node-a's (node id, generation) as metad has it.
+fn segment_of_a(c: &Cluster) -> (u64, u64) {
+    let st = c.sidecar_status(0);
+    let id = st["node_id"].as_u64().expect("node id");
+    let segs = rt().block_on(c.metad_client().list_segments()).unwrap();
+    let s = segs
+        .iter()
+        .find(|s| s.node_id == id)
+        .unwrap_or_else(|| panic!("node-a not mounted: {segs:?}"));
+    (s.node_id, s.generation)
+}
+
+fn handover_socket(c: &Cluster) -> PathBuf {
+    let mut p = c.socket(0).as_os_str().to_owned();
+    p.push(".handover");
+    PathBuf::from(p)
+}
+
+fn wait_exit(p: &mut Proc, within: Duration) -> std::process::ExitStatus {
+    let child = p.child.as_mut().expect("a process");
+    let end = Instant::now() + within;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        assert!(
+            Instant::now() < end,
+            "process still running after {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads every key in a loop through node `i`, counting good reads, errors and wrong bytes.
+struct Reader {
+    stop: Arc<AtomicBool>,
+    good: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+    wrong: Arc<AtomicU64>,
+    task: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Reader {
+    fn start(c: &Cluster, i: usize) -> Self {
+        let cl = c.client(i);
+        let (stop, good, errors, wrong) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let (s, g, e, w) = (stop.clone(), good.clone(), errors.clone(), wrong.clone());
+        let task = std::thread::spawn(move || {
+            let mut k = 0;
+            while !s.load(Ordering::Relaxed) {
+                match cl.get(&key(k % N)) {
+                    Ok(v) if v == value(&key(k % N), size(k % N)) => {
+                        g.fetch_add(1, Ordering::Relaxed)
+                    }
+                    Ok(_) => w.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(5));
+                        e.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+                k += 1;
+            }
+        });
+        Self {
+            stop,
+            good,
+            errors,
+            wrong,
+            task: Some(task),
+        }
+    }
+
+    fn good(&self) -> u64 {
+        self.good.load(Ordering::Relaxed)
+    }
+
+    /// Stops; returns (good, errors), asserting no read ever returned a wrong byte.
+    fn finish(mut self, what: &str) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.task.take() {
+            t.join().unwrap();
+        }
+        let (g, e, w) = (
+            self.good(),
+            self.errors.load(Ordering::Relaxed),
+            self.wrong.load(Ordering::Relaxed),
+        );
+        eprintln!("{what}: {g} good reads, {e} errors, {w} wrong");
+        assert_eq!(w, 0, "{what}: a read returned bytes other than those put");
+        (g, e)
+    }
+}
+
+#[test]
+fn an_upgrade_hands_the_segment_over_and_keeps_every_object_in_the_same_generation() {
+    let mut c = Cluster::start_with(&["128MiB", "64MiB"], &["--node-ttl", "3s"], &[]);
+    put_all(&c);
+    let before = segment_of_a(&c);
+    let old_instance = c.sidecar_status(0)["instance_id"].clone();
+    // A client connected before the upgrade, reading through node-a all along; another
+    // reading node-a's objects from node-b over the data plane.
+    let kept = c.client(0);
+    let local = Reader::start(&c, 0);
+    let remote = Reader::start(&c, 1);
+    wait_until("reads before the upgrade", Duration::from_secs(10), || {
+        local.good() > 50 && remote.good() > 20
+    });
+
+    let mut old = c.upgrade_sidecar(0, &[]);
+    let st = wait_exit(&mut old, Duration::from_secs(40));
+    assert!(
+        st.success(),
+        "the old sidecar exits 0 once it handed over: {st:?}"
+    );
+    assert!(c.sidecars[0].proc.is_running(), "the new sidecar serves");
+    wait_until(
+        "the new process answers /status",
+        Duration::from_secs(10),
+        || {
+            let s = c.sidecar_status(0);
+            !s.is_null() && s["instance_id"] != old_instance
+        },
+    );
+    let (l0, r0) = (local.good(), remote.good());
+    wait_until(
+        "reads go on after the upgrade",
+        Duration::from_secs(20),
+        || local.good() > l0 + 50 && remote.good() > r0 + 20,
+    );
+    let (lg, _) = local.finish("node-a's client");
+    let (rg, _) = remote.finish("node-b's client");
+    assert!(lg > 100 && rg > 40);
+
+    let log = std::fs::read_to_string(&c.sidecars[0].proc.log).unwrap();
+    assert!(
+        log.contains("handed over to the successor"),
+        "the old process handed over"
+    );
+    assert!(
+        log.contains("segment taken over from the running sidecar (no remount)"),
+        "the new process took the segment over"
+    );
+    assert_eq!(
+        segment_of_a(&c),
+        before,
+        "no remount: same node id and generation"
+    );
+    assert_eq!(
+        c.sidecar_status(0)["generation"].as_u64(),
+        Some(before.1),
+        "the new process serves the same generation"
+    );
+    check_all(&c, 0, "after the upgrade, a new client of node-a");
+    check_all(&c, 1, "after the upgrade, node-b over the data plane");
+    // The client connected before the upgrade reconnected by itself.
+    assert!(kept.get(&key(3)).unwrap() == value(&key(3), size(3)));
+    // Past metad's node TTL (3 s here): the new process heartbeats the same generation.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(segment_of_a(&c), before, "still mounted after the node TTL");
+    // Writes into the taken-over segment (local copy and data plane, with the handed-over
+    // grant key) work as before.
+    let local_put = ReplicateConfig {
+        prefer_local: true,
+        ..Default::default()
+    };
+    let on_a = ReplicateConfig {
+        preferred_segments: vec!["node-a".into()],
+        ..Default::default()
+    };
+    kept.put("after-a", &value("after-a", 333_333), &local_put)
+        .unwrap();
+    c.client(1)
+        .put("after-b", &value("after-b", 444_444), &on_a)
+        .unwrap();
+    for (k, n) in [("after-a", 333_333), ("after-b", 444_444)] {
+        assert!(c.client(1).get(k).unwrap() == value(k, n), "{k}");
+        assert!(c.client(0).get(k).unwrap() == value(k, n), "{k}");
+    }
+    // A second upgrade of the upgraded process works too (it offers the hand-over again).
+    let mut old = c.upgrade_sidecar(0, &[]);
+    assert!(wait_exit(&mut old, Duration::from_secs(40)).success());
+    wait_until("the third process serves", Duration::from_secs(10), || {
+        c.client(0).get(&key(7)).is_ok()
+    });
+    assert_eq!(segment_of_a(&c), before);
+    check_all(&c, 0, "after a second upgrade");
+    // And a plain SIGTERM still shuts the upgraded sidecar down cleanly (unmounting).
+    c.sidecars[0].proc.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(wait_exit(&mut c.sidecars[0].proc, Duration::from_secs(30)).success());
+    assert!(!c.socket(0).exists(), "the socket is removed at shutdown");
+    assert!(!handover_socket(&c).exists());
+}
+
+fn hello(node: &str) -> Vec<u8> {
+    let body = format!("{{\"node_name\":\"{node}\",\"pid\":1}}");
+    let mut m = b"RGHO".to_vec();
+    m.extend_from_slice(&1u16.to_le_bytes());
+    m.extend_from_slice(&1u16.to_le_bytes());
+    m.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    m.extend_from_slice(body.as_bytes());
+    m
+}
+
+fn serving_the_same(c: &Cluster, before: (u64, u64), what: &str) {
+    wait_until(what, Duration::from_secs(20), || {
+        c.client(0).get(&key(1)).is_ok() && c.client(1).get(&key(2)).is_ok()
+    });
+    check_all(c, 0, what);
+    check_all(c, 1, what);
+    assert_eq!(segment_of_a(c), before, "{what}: same generation");
+}
+
+#[test]
+fn a_refused_or_broken_handover_leaves_the_old_sidecar_serving() {
+    let mut c = Cluster::start_with(&["64MiB", "64MiB"], &["--node-ttl", "3s"], &[]);
+    put_all(&c);
+    let before = segment_of_a(&c);
+    let path = handover_socket(&c);
+    let mode = std::fs::metadata(&path).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+        0o600,
+        "the hand-over socket is owner-only"
+    );
+    let reader = Reader::start(&c, 0);
+
+    // Garbage, a silent peer, a huge announced length, a wrong node name: refused before
+    // anything changes.
+    let mut g = UnixStream::connect(&path).unwrap();
+    let junk: Vec<u8> = (0..4096).map(|_| rand::random::<u8>()).collect();
+    let _ = g.write_all(&junk);
+    let mut silent = UnixStream::connect(&path).unwrap();
+    let mut huge = UnixStream::connect(&path).unwrap();
+    let mut h = hello("node-a");
+    h[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    let _ = huge.write_all(&h[..12]);
+    let mut wrong = UnixStream::connect(&path).unwrap();
+    wrong.write_all(&hello("node-z")).unwrap();
+    let mut answer = Vec::new();
+    wrong
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = wrong.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.contains("node-z"), "refused with the reason: {text:?}");
+    drop((g, huge));
+    std::thread::sleep(Duration::from_secs(3));
+    let _ = silent.write_all(b"late");
+    assert!(c.sidecars[0].proc.is_running());
+    serving_the_same(&c, before, "after garbage on the hand-over socket");
+
+    // A successor that dies half way: it says HELLO, is sent the state and the descriptors,
+    // and vanishes before READY. The old process serves again (same generation, heartbeats
+    // resumed past the node TTL).
+    let mut s = UnixStream::connect(&path).unwrap();
+    s.write_all(&hello("node-a")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(&head[..4], b"RGHO");
+    assert_eq!(u16::from_le_bytes([head[6], head[7]]), 2, "STATE");
+    drop(s);
+    std::thread::sleep(Duration::from_secs(5));
+    serving_the_same(&c, before, "after a successor died before READY");
+    let failed = |c: &Cluster| {
+        std::fs::read_to_string(&c.sidecars[0].proc.log)
+            .unwrap()
+            .matches("hand-over failed: serving again as before")
+            .count()
+    };
+    assert_eq!(failed(&c), 1, "the old process paused, then served again");
+
+    // A successor that speaks the protocol and then garbage instead of READY.
+    let mut s = UnixStream::connect(&path).unwrap();
+    s.write_all(&hello("node-a")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.read_exact(&mut head).unwrap();
+    s.write_all(b"this is not READY, not even a header")
+        .unwrap();
+    let _ = s.read_to_end(&mut Vec::new());
+    drop(s);
+    serving_the_same(&c, before, "after garbage instead of READY");
+    assert_eq!(failed(&c), 2);
+
+    // A real successor whose flags do not match (another segment size): it refuses, exits
+    // with a clear error, and the old one serves on.
+    c.sidecars[0].segment_size = "32MiB".into();
+    let mut bad = c.spawn_sidecar(0, &["--takeover"]);
+    c.sidecars[0].segment_size = "64MiB".into();
+    let end = Instant::now() + Duration::from_secs(40);
+    let st = loop {
+        if let Some(st) = bad.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < end, "the refused successor did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!st.success(), "a failed takeover exits with an error");
+    let log = std::fs::read_to_string(&c.sidecars[0].proc.log).unwrap();
+    assert!(
+        log.contains("--segment-size") && log.contains("hand-over"),
+        "the error says why"
+    );
+    assert!(c.sidecars[0].proc.is_running());
+    std::thread::sleep(Duration::from_secs(4));
+    serving_the_same(&c, before, "after a successor refused");
+    assert_eq!(failed(&c), 3);
+
+    // A successor with --takeover and nothing to take over fails clearly.
+    let other = c.dir.path().join("nothing.handover");
+    let mut none = c.spawn_sidecar(
+        0,
+        &["--takeover", "--handover-socket", other.to_str().unwrap()],
+    );
+    let st = none.wait().unwrap();
+    assert!(!st.success());
+    assert!(std::fs::read_to_string(&c.sidecars[0].proc.log)
+        .unwrap()
+        .contains("no running sidecar to take over"));
+
+    reader.finish("node-a's client during the failed hand-overs");
+    // After all that, a real upgrade still works.
+    let mut old = c.upgrade_sidecar(0, &[]);
+    assert!(wait_exit(&mut old, Duration::from_secs(40)).success());
+    serving_the_same(&c, before, "after the upgrade that followed");
+}
