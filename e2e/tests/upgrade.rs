@@ -259,10 +259,34 @@ fn hello(node: &str) -> Vec<u8> {
     m
 }
 
-fn serving_the_same(c: &Cluster, before: (u64, u64), what: &str) {
-    wait_until(what, Duration::from_secs(20), || {
-        c.client(0).get(&key(1)).is_ok() && c.client(1).get(&key(2)).is_ok()
+/// Runs `f` on another thread; panics (rather than hang) if it is not done within `d`: a
+/// sidecar that stopped accepting would make a client's hello wait forever.
+fn within<T: Send + 'static>(d: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
     });
+    rx.recv_timeout(d)
+        .unwrap_or_else(|_| panic!("{what}: no answer within {d:?} (the sidecar does not serve)"))
+}
+
+fn serving_the_same(c: &Cluster, before: (u64, u64), what: &str) {
+    let (s0, s1) = (c.socket(0).to_path_buf(), c.socket(1).to_path_buf());
+    let served = within(Duration::from_secs(30), what, move || {
+        let connect =
+            |p: &PathBuf| regolith_client::Client::connect(regolith_client::ClientConfig::new(p));
+        let end = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < end {
+            let a = connect(&s0).and_then(|cl| cl.get(&key(1)));
+            let b = connect(&s1).and_then(|cl| cl.get(&key(2)));
+            if a.is_ok() && b.is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    });
+    assert!(served, "{what}: node-a and node-b serve");
     check_all(c, 0, what);
     check_all(c, 1, what);
     assert_eq!(segment_of_a(c), before, "{what}: same generation");
