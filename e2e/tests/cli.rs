@@ -377,9 +377,18 @@ fn up_put_get_status_ls_rm_and_a_clean_stop() {
     c.arg("ls");
     assert_eq!(ok(&run(c, None)), "chunk/2\n");
 
-    // Exactly one socket per sidecar under --dir, no links.
+    // Exactly two sockets per sidecar under --dir (its clients' socket and the hand-over socket a
+    // `--takeover` successor connects to), no links.
+    let handover = |s: &PathBuf| {
+        let mut p = s.clone().into_os_string();
+        p.push(".handover");
+        PathBuf::from(p)
+    };
     let (socks, links) = sockets_and_links(&dir);
-    assert_eq!(socks, vec![sock0.clone(), sock1.clone()]);
+    assert_eq!(
+        socks,
+        vec![sock0.clone(), handover(&sock0), sock1.clone(), handover(&sock1)]
+    );
     assert!(links.is_empty(), "links under --dir: {links:?}");
 
     // SIGTERM: up stops every child and exits 0.

@@ -149,6 +149,57 @@ impl Reader {
     }
 }
 
+/// Puts new keys in a loop through node `i` (onto node-a: its local segment, or over the data
+/// plane from node-b), keeping those acknowledged.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    task: Option<std::thread::JoinHandle<(Vec<String>, u64)>>,
+}
+
+impl Writer {
+    fn start(c: &Cluster, i: usize) -> Self {
+        let cl = c.client(i);
+        let cfg = ReplicateConfig {
+            prefer_local: i == 0,
+            preferred_segments: vec!["node-a".into()],
+            ..Default::default()
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let task = std::thread::spawn(move || {
+            let (mut acked, mut errors) = (Vec::new(), 0u64);
+            let mut n = 0;
+            // At most 60 puts (~7 MiB) each: nothing may be evicted, so a key that is not
+            // found is a lost put.
+            while !s.load(Ordering::Relaxed) && n < 60 {
+                let k = format!("w{i}-{n}");
+                match cl.put(&k, &value(&k, wsize(n)), &cfg) {
+                    Ok(_) => acked.push(k),
+                    Err(_) => {
+                        errors += 1;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                n += 1;
+            }
+            (acked, errors)
+        });
+        Self {
+            stop,
+            task: Some(task),
+        }
+    }
+
+    fn finish(mut self) -> (Vec<String>, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.take().unwrap().join().unwrap()
+    }
+}
+
+fn wsize(n: usize) -> usize {
+    [5_000, 60_000, 300_000][n % 3] + n
+}
+
 #[test]
 fn an_upgrade_hands_the_segment_over_and_keeps_every_object_in_the_same_generation() {
     let mut c = Cluster::start_with(&["128MiB", "64MiB"], &["--node-ttl", "3s"], &[]);
@@ -164,6 +215,10 @@ fn an_upgrade_hands_the_segment_over_and_keeps_every_object_in_the_same_generati
         local.good() > 50 && remote.good() > 20
     });
 
+    // Puts in flight across the switch: each either fails to its writer or is acknowledged
+    // and then readable, byte-exact.
+    let writers = [Writer::start(&c, 0), Writer::start(&c, 1)];
+    std::thread::sleep(Duration::from_millis(300));
     let mut old = c.upgrade_sidecar(0, &[]);
     let st = wait_exit(&mut old, Duration::from_secs(40));
     assert!(
@@ -185,6 +240,34 @@ fn an_upgrade_hands_the_segment_over_and_keeps_every_object_in_the_same_generati
         Duration::from_secs(20),
         || local.good() > l0 + 50 && remote.good() > r0 + 20,
     );
+    std::thread::sleep(Duration::from_millis(500));
+    let stats = rt().block_on(c.metad_client().stats()).unwrap();
+    assert_eq!(
+        (stats.evicted_objects, stats.dead_node_dropped_objects),
+        (0, 0),
+        "nothing evicted or dropped: every acknowledged put must be there"
+    );
+    for (i, w) in writers.into_iter().enumerate() {
+        let (acked, errors) = w.finish();
+        eprintln!(
+            "writer through node {i}: {} puts acknowledged, {errors} failed",
+            acked.len()
+        );
+        assert!(acked.len() > 5, "puts went on through node {i}");
+        for k in &acked {
+            let n: usize = k.rsplit('-').next().unwrap().parse().unwrap();
+            for j in 0..2 {
+                let got = c
+                    .client(j)
+                    .get(k)
+                    .unwrap_or_else(|e| panic!("acknowledged {k} read through node {j}: {e}"));
+                assert!(
+                    got == value(k, wsize(n)),
+                    "{k} through node {j}: wrong bytes"
+                );
+            }
+        }
+    }
     let (lg, _) = local.finish("node-a's client");
     let (rg, _) = remote.finish("node-b's client");
     assert!(lg > 100 && rg > 40);
