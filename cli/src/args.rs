@@ -346,6 +346,14 @@ pub enum MetadAdminCommand {
     /// Backups of the replicated state (docs/metad.md "Backup and recovery")
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Hand the leader's office to another voter without an election timeout (before
+    /// stopping the leader's machine; a leader hands over by itself on SIGTERM); writes wait
+    /// at most 3 s for it (docs/metad.md "Leadership hand-over")
+    TransferLeader {
+        /// Raft id of the voter to hand over to (default: the one holding the most of the log)
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        to: Option<u64>,
+    },
 }
 
 #[derive(Subcommand, Debug, Clone)]

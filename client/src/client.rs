@@ -31,7 +31,13 @@ pub const DEFAULT_SOCKET: &str = "/run/regolith/sidecar.sock";
 const INLINE_PUT: usize = 64 * 1024;
 
 /// Attempts of a put or get when the cluster is changing leader.
-const ATTEMPTS: usize = 4;
+const ATTEMPTS: usize = 6;
+
+/// The pause after failed attempt `n` (0-based): 50 ms doubling to 800 ms, 1.55 s in all, which
+/// covers a new leader's wait for the sidecars' heartbeats (one a second) before it places.
+fn retry_pause(n: usize) -> std::time::Duration {
+    std::time::Duration::from_millis(50u64 << n.min(4))
+}
 
 #[derive(Clone, Debug)]
 pub struct ClientConfig {

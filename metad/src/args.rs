@@ -144,6 +144,11 @@ pub struct Args {
     pub election_timeout_min: Option<String>,
     #[arg(long, env = "REGOLITH_ELECTION_TIMEOUT_MAX")]
     pub election_timeout_max: Option<String>,
+    /// On SIGTERM, a leader first hands its office to the most caught-up voter (a rolling
+    /// upgrade keeps a leader throughout), holding writes at most this long; 0 turns it off
+    /// (default 5s).
+    #[arg(long, env = "REGOLITH_LEADER_HANDOVER_TIMEOUT")]
+    pub leader_handover_timeout: Option<String>,
     /// Build a snapshot (and purge the log) after this many entries.
     #[arg(long, env = "REGOLITH_SNAPSHOT_LOGS")]
     pub snapshot_logs: Option<u64>,
@@ -215,6 +220,7 @@ pub struct FileConfig {
     pub heartbeat_interval: Option<String>,
     pub election_timeout_min: Option<String>,
     pub election_timeout_max: Option<String>,
+    pub leader_handover_timeout: Option<String>,
     pub snapshot_logs: Option<u64>,
     pub snapshot_bytes: Option<String>,
     pub max_entry_bytes: Option<String>,
@@ -254,6 +260,8 @@ pub struct Settings {
     pub heartbeat_interval: Duration,
     pub election_timeout_min: Duration,
     pub election_timeout_max: Duration,
+    /// How long a leader stopping on SIGTERM may spend handing over (zero: it does not).
+    pub leader_handover_timeout: Duration,
     pub snapshot_logs: u64,
     pub snapshot_bytes: u64,
     pub max_entry_bytes: usize,
@@ -582,6 +590,17 @@ impl Args {
                 "need heartbeat-interval ({heartbeat_interval:?}) < election-timeout-min/2 ({election_timeout_min:?}) and election-timeout-min < election-timeout-max ({election_timeout_max:?})"
             )));
         }
+        let leader_handover_timeout = dur(
+            "leader-handover-timeout",
+            self.leader_handover_timeout
+                .or(file.leader_handover_timeout),
+            crate::transfer::DEFAULT_TIMEOUT,
+        )?;
+        if leader_handover_timeout > Duration::from_secs(60) {
+            return Err(Error::Config(format!(
+                "--leader-handover-timeout {leader_handover_timeout:?}: at most 60s (writes wait that long)"
+            )));
+        }
         let max_entry_bytes = size(
             "max-entry-bytes",
             self.max_entry_bytes.or(file.max_entry_bytes),
@@ -631,6 +650,7 @@ impl Args {
             heartbeat_interval,
             election_timeout_min,
             election_timeout_max,
+            leader_handover_timeout,
             snapshot_logs: self
                 .snapshot_logs
                 .or(file.snapshot_logs)

@@ -35,6 +35,8 @@ pub struct Observed {
     /// The last log index when this process first saw itself leader of `term`: everything up to
     /// it must be applied before the leader serves (see [`Observed::ready_leader`]).
     pub ready_floor: u64,
+    /// When this process first saw itself leader of `term` (None when not leader).
+    pub leader_since: Option<Instant>,
 }
 
 impl Observed {
@@ -56,6 +58,7 @@ impl Observed {
             applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
             last_log_index: m.last_log_index.unwrap_or(0),
             ready_floor: u64::MAX,
+            leader_since: None,
         }
     }
 
@@ -94,6 +97,10 @@ pub struct Gate {
     lease: Duration,
     margin: Duration,
     wait: Duration,
+    /// Set while this leader hands its office over ([`crate::transfer`]): the replica it
+    /// chose is about to win an election this leader votes in, so no read may rest on the
+    /// quorum lease until the hand-over has ended.
+    handing_over: Arc<watch::Sender<bool>>,
 }
 
 impl Gate {
@@ -111,15 +118,16 @@ impl Gate {
         let first = Observed::of(&metrics.borrow());
         let (tx, rx) = watch::channel(first);
         tokio::spawn(async move {
-            // (term, last log index) when this process first saw itself leader of that term.
-            let mut floor: Option<(u64, u64)> = None;
+            // (term, last log index, when) this process first saw itself leader of that term.
+            let mut floor: Option<(u64, u64, Instant)> = None;
             loop {
                 let mut obs = Observed::of(&metrics.borrow_and_update());
                 if obs.state == ServerState::Leader {
-                    if floor.is_none_or(|(t, _)| t != obs.term) {
-                        floor = Some((obs.term, obs.last_log_index));
+                    if floor.is_none_or(|(t, _, _)| t != obs.term) {
+                        floor = Some((obs.term, obs.last_log_index, Instant::now()));
                     }
-                    obs.ready_floor = floor.map(|(_, f)| f).unwrap_or(u64::MAX);
+                    obs.ready_floor = floor.map(|(_, f, _)| f).unwrap_or(u64::MAX);
+                    obs.leader_since = floor.map(|(_, _, at)| at);
                 }
                 sync_leadership(&core, &obs, clock);
                 if tx.send(obs).is_err() {
@@ -136,7 +144,48 @@ impl Gate {
             lease,
             margin: heartbeat,
             wait,
+            handing_over: Arc::new(watch::channel(false).0),
         }
+    }
+
+    /// Starts (`true`) or ends a leadership hand-over: while it lasts, no read rests on the
+    /// quorum lease and new reservations wait ([`Gate::hand_over_ended`]).
+    pub fn set_handing_over(&self, on: bool) {
+        self.handing_over.send_replace(on);
+    }
+
+    pub fn handing_over(&self) -> bool {
+        *self.handing_over.borrow()
+    }
+
+    /// Returns once no hand-over is under way (a hand-over is bounded by its timeout).
+    pub async fn hand_over_ended(&self) {
+        let mut rx = self.handing_over.subscribe();
+        let _ = rx.wait_for(|on| !*on).await;
+    }
+
+    /// Waits up to `wait` for an observation that `pred` accepts; returns the last one seen and
+    /// whether it did.
+    pub async fn wait_for(
+        &self,
+        wait: Duration,
+        mut pred: impl FnMut(&Observed) -> bool,
+    ) -> (Observed, bool) {
+        let deadline = Instant::now() + wait;
+        let mut rx = self.rx.clone();
+        loop {
+            let obs = rx.borrow_and_update().clone();
+            if pred(&obs) {
+                return (obs, true);
+            }
+            if !wait_change(&mut rx, deadline).await {
+                return (obs, false);
+            }
+        }
+    }
+
+    fn lease_budget(&self) -> Option<Duration> {
+        (!self.handing_over()).then(|| self.lease.saturating_sub(self.margin))
     }
 
     pub fn observed(&self) -> Observed {
@@ -145,7 +194,8 @@ impl Gate {
 
     /// Whether the quorum lease holds right now (design §5 (b)).
     pub fn lease_ok(&self) -> bool {
-        lease_holds(&self.rx.borrow(), self.lease.saturating_sub(self.margin))
+        self.lease_budget()
+            .is_some_and(|budget| lease_holds(&self.rx.borrow(), budget))
     }
 
     /// Leader-only calls that do not read state (reserve, commit, proposals): this node must be
@@ -174,7 +224,10 @@ impl Gate {
     /// leadership with a quorum round (`ensure_linearizable`). Returns how it was confirmed.
     pub async fn read(&self) -> Result<ReadPath, NotServing> {
         let obs = self.require_leader().await?;
-        if lease_holds(&obs, self.lease.saturating_sub(self.margin)) {
+        if self
+            .lease_budget()
+            .is_some_and(|budget| lease_holds(&obs, budget))
+        {
             return Ok(ReadPath::Lease);
         }
         match tokio::time::timeout(self.wait, self.raft.ensure_linearizable()).await {

@@ -413,6 +413,7 @@ mod tests {
                 applied_index: 10,
                 last_log_index: 11,
                 ready_floor: 9,
+                leader_since: None,
             },
             members: vec![Member {
                 id: 2,

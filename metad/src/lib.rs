@@ -20,6 +20,8 @@
 //! * [`proposer`] — group commit: concurrent proposals coalesced into one entry.
 //! * [`gate`] — when reads may be served from the applied state (design §5); leadership changes.
 //! * [`elect`] — a fresh random election timeout for each campaign after a split vote.
+//! * [`transfer`] — leadership hand-over without an election timeout (rolling upgrades,
+//!   `regolith metad transfer-leader`, SIGTERM to a leader).
 //! * [`ops`] — the operations, free of any transport: reserve with eviction, commit batching,
 //!   reads, removal, segments, membership, the metadata KV, the stats snapshot.
 //! * [`grpc`] — the `Metad` and `Raft` gRPC services: wire ↔ [`ops`], errors → `Status`.
@@ -67,6 +69,7 @@ pub mod restore;
 pub mod run;
 pub mod sm;
 pub mod state;
+pub mod transfer;
 pub mod types;
 
 pub use error::{Error, Result};

@@ -32,6 +32,8 @@ pub struct Metrics {
     pub read_fallbacks: IntCounterVec,
     pub raft_rejected: IntCounterVec,
     pub connections_refused: IntCounterVec,
+    /// Leadership hand-overs this replica led, by result (`ok`, `failed`).
+    pub leader_transfers: IntCounterVec,
     pub fsyncs: IntGauge,
     pub appended_entries: IntGauge,
     pub snapshots_built: IntGauge,
@@ -168,6 +170,11 @@ impl Metrics {
                 "connections_refused_total",
                 "Connections closed at once because their listener had its most open, by listener",
                 &["listener"],
+            ),
+            leader_transfers: counter_vec(
+                "leader_transfers_total",
+                "Leadership hand-overs this replica led (transfer-leader, SIGTERM), by result",
+                &["result"],
             ),
             fsyncs: gauge(&r, "storage_fsyncs", "fsyncs of the Raft log"),
             appended_entries: gauge(

@@ -94,12 +94,16 @@ impl Node {
         .validate()
         .map_err(|e| Error::Config(format!("raft settings: {e}")))?;
         let outlogged = crate::elect::Outlogged::default();
+        let interceptor =
+            PeerInterceptor::new(settings.token.as_deref(), settings.peer_token.as_deref())
+                .map_err(|e| Error::Config(e.to_string()))?;
+        let peers = crate::transfer::Dialer {
+            interceptor: interceptor.clone(),
+            tls: settings.tls.clone(),
+            connect_timeout: Duration::from_secs(1),
+        };
         let network = Network {
-            interceptor: PeerInterceptor::new(
-                settings.token.as_deref(),
-                settings.peer_token.as_deref(),
-            )
-            .map_err(|e| Error::Config(e.to_string()))?,
+            interceptor,
             max_message_bytes: settings.raft_max_message_bytes,
             append_budget_bytes: settings.max_entry_bytes,
             connect_timeout: Duration::from_secs(1),
@@ -156,6 +160,8 @@ impl Node {
             max_entry_bytes: settings.max_entry_bytes,
             spool_dir: settings.data_dir.clone(),
             saving: tokio::sync::Mutex::new(()),
+            peers,
+            vote_lease: settings.election_timeout_max,
         });
         Ok(Arc::new(Node {
             settings,

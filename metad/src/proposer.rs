@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use crate::command::{Batch, Command, Outcome};
 use crate::config::MAX_BATCH_COMMANDS;
@@ -22,6 +22,20 @@ struct Pending {
 #[derive(Clone)]
 pub struct Proposer {
     tx: mpsc::Sender<Pending>,
+    held: Arc<watch::Sender<bool>>,
+}
+
+/// Writes wait (queued, not refused) while one of these lives: a leader handing its office over
+/// lets the target catch up with a log that no longer grows. Dropping it lets them go on (to
+/// Raft, which answers "forward to the leader" once this replica no longer leads).
+pub struct Hold {
+    held: Arc<watch::Sender<bool>>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.held.send_replace(false);
+    }
 }
 
 impl Proposer {
@@ -34,8 +48,24 @@ impl Proposer {
         in_flight: usize,
     ) -> Self {
         let (tx, rx) = mpsc::channel(65_536);
-        tokio::spawn(run(raft, rx, metrics, max_entry_bytes, in_flight));
-        Self { tx }
+        let held = Arc::new(watch::channel(false).0);
+        tokio::spawn(run(
+            raft,
+            rx,
+            metrics,
+            max_entry_bytes,
+            in_flight,
+            held.subscribe(),
+        ));
+        Self { tx, held }
+    }
+
+    /// Holds every write not yet handed to Raft until the [`Hold`] is dropped.
+    pub fn hold(&self) -> Hold {
+        self.held.send_replace(true);
+        Hold {
+            held: self.held.clone(),
+        }
     }
 
     /// Replicates one command and returns its outcome once applied on this node.
@@ -79,6 +109,7 @@ async fn run(
     metrics: Arc<Metrics>,
     max_bytes: usize,
     in_flight: usize,
+    held: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(in_flight.max(1)));
     while let Some(first) = rx.recv().await {
@@ -99,7 +130,10 @@ async fn run(
         }
         let raft = raft.clone();
         let metrics = metrics.clone();
+        let mut held = held.clone();
         tokio::spawn(async move {
+            // An error means the proposer is gone, and with it any hold.
+            let _ = held.wait_for(|h| !*h).await;
             let (cmds, replies): (Vec<Command>, Vec<_>) =
                 batch.into_iter().map(|p| (p.cmd, p.reply)).unzip();
             let n = cmds.len();

@@ -202,6 +202,34 @@ async fn serve_grpc_until_drained<E: std::fmt::Display>(
     }
 }
 
+/// A leader asked to stop hands its office to the most caught-up voter first
+/// (`--leader-handover-timeout`), so a rolling upgrade keeps a leader throughout. A failed
+/// hand-over only costs the cluster the election it would have held anyway.
+async fn hand_over_before_stopping(node: &node::Node) {
+    let timeout = node.settings.leader_handover_timeout;
+    let obs = node.ops.gate.observed();
+    if timeout.is_zero() || obs.state != openraft::ServerState::Leader {
+        return;
+    }
+    let voters = node
+        .ops
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .count();
+    if voters < 2 {
+        return;
+    }
+    tracing::info!(term = obs.term, ?timeout, "stopping as leader: handing over first");
+    match crate::transfer::transfer(&node.ops, None, timeout).await {
+        Ok(t) => tracing::info!(to = t.to, term = t.term, took = ?t.took, "handed over; stopping"),
+        Err(e) => tracing::warn!(error = %e, "no hand-over; stopping anyway (the others elect a leader)"),
+    }
+}
+
 /// A replica ([`node::Node`]) with the listeners it serves on.
 pub struct Replica {
     node: Arc<node::Node>,
@@ -225,9 +253,22 @@ impl Replica {
         Ok(Self { node, listeners })
     }
 
-    /// Serves until `shutdown` fires, then stops Raft and flushes storage.
+    /// Serves until `shutdown` fires, then (a leader) hands its office over, stops Raft and
+    /// flushes storage.
     pub async fn serve(self, shutdown: Shutdown) -> Result<()> {
         let Self { node, listeners } = self;
+        // Everything below stops on `stopping`, which fires once a leader has handed over: the
+        // hand-over needs the gRPC server (the new leader's vote request comes to it) and Raft.
+        let (stop, stopping) = regolith_proto::shutdown::channel();
+        tokio::spawn({
+            let node = node.clone();
+            async move {
+                shutdown.wait().await;
+                hand_over_before_stopping(&node).await;
+                stop.trigger();
+            }
+        });
+        let shutdown = stopping;
         let settings = &node.settings;
         let check = TokenCheck::new(settings.token.clone());
         let max = settings.raft_max_message_bytes + 64 * 1024;

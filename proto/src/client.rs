@@ -489,6 +489,21 @@ impl MetadClient {
             .members)
     }
 
+    /// Asks the leader to hand its office to voter `to` (0: the most caught-up one), holding
+    /// writes at most `timeout_ms` (docs/metad.md "Leadership hand-over"). Returns the answer
+    /// and the address of the replica that handed over.
+    pub async fn transfer_leader(
+        &self,
+        to: u64,
+        timeout_ms: u64,
+    ) -> Result<(TransferLeaderResponse, String)> {
+        let req = TransferLeaderRequest { to, timeout_ms };
+        self.call("transfer_leader", |mut c| async move {
+            c.transfer_leader(req).await
+        })
+        .await
+    }
+
     pub async fn drain(&self, node_name: &str, timeout_ms: u64) -> Result<DrainResponse> {
         let req = DrainRequest {
             node_name: node_name.to_string(),

@@ -11,11 +11,13 @@ impl AsyncClient {
     /// A private copy of the object.
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
         let mut last = None;
-        for _ in 0..ATTEMPTS {
+        for n in 0..ATTEMPTS {
             match self.get_once(key).await {
                 Err(e) if e.is_retryable() || matches!(e, Error::Disconnected(_)) => {
                     last = Some(e);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    if n + 1 < ATTEMPTS {
+                        tokio::time::sleep(retry_pause(n)).await;
+                    }
                 }
                 r => return r,
             }
@@ -145,7 +147,7 @@ impl AsyncClient {
     pub async fn batch_get_into(&self, mut items: Vec<(&str, Dest<'_>)>) -> Vec<Result<usize>> {
         let mut out: Vec<Option<Result<usize>>> = (0..items.len()).map(|_| None).collect();
         let mut todo: Vec<usize> = (0..items.len()).collect();
-        for _ in 0..ATTEMPTS {
+        for n in 0..ATTEMPTS {
             if todo.is_empty() {
                 break;
             }
@@ -179,8 +181,8 @@ impl AsyncClient {
                 }
             }
             todo = retry;
-            if !todo.is_empty() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            if !todo.is_empty() && n + 1 < ATTEMPTS {
+                tokio::time::sleep(retry_pause(n)).await;
             }
         }
         out.into_iter()

@@ -33,7 +33,7 @@ impl AsyncClient {
     ) -> Vec<Result<PutInfo>> {
         let mut out: Vec<Option<Result<PutInfo>>> = (0..items.len()).map(|_| None).collect();
         let mut todo: Vec<usize> = (0..items.len()).collect();
-        for _ in 0..ATTEMPTS {
+        for n in 0..ATTEMPTS {
             if todo.is_empty() {
                 break;
             }
@@ -60,8 +60,8 @@ impl AsyncClient {
                 }
             }
             todo = retry;
-            if !todo.is_empty() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            if !todo.is_empty() && n + 1 < ATTEMPTS {
+                tokio::time::sleep(retry_pause(n)).await;
             }
         }
         out.into_iter()

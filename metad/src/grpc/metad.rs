@@ -166,6 +166,28 @@ impl Metad for MetadService {
         Box<dyn tokio_stream::Stream<Item = Result<pb::SnapshotChunk, Status>> + Send + 'static>,
     >;
 
+    async fn transfer_leader(
+        &self,
+        req: Request<pb::TransferLeaderRequest>,
+    ) -> Reply<pb::TransferLeaderResponse> {
+        self.call("transfer_leader", async {
+            let r = req.into_inner();
+            let timeout = match r.timeout_ms {
+                0 => crate::transfer::DEFAULT_TIMEOUT,
+                ms => std::time::Duration::from_millis(ms.min(60_000)),
+            };
+            let to = (r.to != 0).then_some(r.to);
+            let t = crate::transfer::transfer(&self.ops, to, timeout).await?;
+            Ok(pb::TransferLeaderResponse {
+                from: t.from,
+                to: t.to,
+                term: t.term,
+                took_ms: t.took.as_millis() as u64,
+            })
+        })
+        .await
+    }
+
     async fn save_snapshot(
         &self,
         _req: Request<pb::SaveSnapshotRequest>,

@@ -27,12 +27,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use openraft::Vote;
 use regolith_proto::raft::raft_server::Raft as RaftRpc;
-use regolith_proto::raft::RaftMessage;
+use regolith_proto::raft::{RaftMessage, TimeoutNowReply, TimeoutNowRequest};
 use tonic::{Request, Response, Status};
 
 use crate::metrics::Metrics;
 use crate::network::{decode, encode};
 use crate::raft_types::{LogId, NodeId, Raft, TypeConfig};
+use crate::transfer::timeout_now_refusal;
 
 /// How far above the local term a peer's term may be: a real candidate's term grows by one per
 /// election, so 2^40 elections (thousands of years of election timeouts) never come from a
@@ -258,6 +259,48 @@ impl RaftRpc for RaftService {
             [rpc.meta.last_log_id, *rpc.meta.last_membership.log_id()],
         )?;
         reply(&self.raft.install_snapshot(rpc).await)
+    }
+
+    /// A leader handing over asks this replica to campaign now (`crate::transfer`).
+    async fn timeout_now(
+        &self,
+        req: Request<TimeoutNowRequest>,
+    ) -> Result<Response<TimeoutNowReply>, Status> {
+        let req = req.into_inner();
+        let refusal = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            let voter = m.membership_config.membership().voter_ids().any(|v| v == m.id);
+            timeout_now_refusal(
+                &req,
+                m.state,
+                m.current_term,
+                m.current_leader,
+                m.last_log_index.unwrap_or(0),
+                voter,
+            )
+        };
+        if let Some(reason) = refusal {
+            tracing::info!(leader = req.leader_id, term = req.term, %reason, "TimeoutNow refused");
+            return Ok(Response::new(TimeoutNowReply {
+                accepted: false,
+                reason,
+            }));
+        }
+        tracing::info!(
+            leader = req.leader_id,
+            term = req.term,
+            "TimeoutNow: the leader hands over; campaigning now"
+        );
+        self.raft
+            .trigger()
+            .elect()
+            .await
+            .map_err(|e| Status::unavailable(format!("raft stopped: {e}")))?;
+        Ok(Response::new(TimeoutNowReply {
+            accepted: true,
+            reason: String::new(),
+        }))
     }
 }
 

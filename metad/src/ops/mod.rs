@@ -66,6 +66,11 @@ pub struct Ops {
     pub spool_dir: std::path::PathBuf,
     /// Held while a `SaveSnapshot` runs: one at a time.
     pub saving: tokio::sync::Mutex<()>,
+    /// Reaches the other replicas' `Raft` service (a leadership hand-over's `TimeoutNow`).
+    pub peers: crate::transfer::Dialer,
+    /// How long after its election a leader's vote stays leased (openraft's
+    /// `election_timeout_max`): a hand-over waits it out.
+    pub vote_lease: std::time::Duration,
 }
 
 /// One member of the Raft group.

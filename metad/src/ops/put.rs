@@ -159,6 +159,12 @@ impl Ops {
     pub async fn reserve(&self, items: &[PutRequest]) -> Result<Vec<Result<Reserved>>> {
         check_batch(items.len(), "items")?;
         self.leader().await?;
+        if self.gate.handing_over() {
+            // A reservation made now would likely die with this leader's term: wait for the
+            // hand-over, then reserve here or send the writer to the new leader.
+            self.gate.hand_over_ended().await;
+            self.leader().await?;
+        }
         let (mut round, evict) = {
             let now = self.clock.now();
             let mut core = self.core.lock();
