@@ -3,6 +3,7 @@
 //! mistyped key, or a unit that starts metad on another file or data directory, fails here.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use regolith_metad::args::{Args, FileConfig};
 
@@ -76,6 +77,7 @@ fn the_example_metad_config_loads_and_matches_the_unit() {
         Some("10.0.0.1:8080")
     );
     assert_eq!(s.cache.node_ttl_ms, 10_000);
+    assert_eq!(s.leader_handover_timeout, Duration::from_secs(5));
 
     // The unit starts metad on this file (installed at /etc/regolith) and owns its data dir.
     let unit = read("deploy/systemd/regolith-metad.service");
@@ -88,4 +90,7 @@ fn the_example_metad_config_loads_and_matches_the_unit() {
         s.data_dir,
         "data_dir must be the unit's StateDirectory (the only writable path it gets)"
     );
+    // A stopping leader's hand-over fits in the stop timeout, with the gRPC drain after it.
+    let stop: u64 = unit_value(&unit, "TimeoutStopSec").parse().unwrap();
+    assert!(Duration::from_secs(stop) >= s.leader_handover_timeout + Duration::from_secs(10));
 }
