@@ -394,6 +394,16 @@ impl Cluster {
 
     /// Spawns a process of sidecar `i` (its flags and `extra`), logging to its log.
     pub fn spawn_sidecar(&self, i: usize, extra: &[&str]) -> Child {
+        self.spawn_sidecar_env(i, extra, &[])
+    }
+
+    /// [`Cluster::spawn_sidecar`] with these environment variables set too.
+    pub fn spawn_sidecar_env(
+        &self,
+        i: usize,
+        extra: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Child {
         let metad = self.metad_addrs();
         let tls = self.tls_launch(&self.sidecars[i].name);
         let s = &self.sidecars[i];
@@ -425,6 +435,7 @@ impl Cluster {
         let mut cmd = Command::new(&self.sidecar_bin);
         cmd.args(launch.args())
             .env("RUST_LOG", "info,regolith_sidecar=debug")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log);
         cmd.spawn().expect("spawn sidecar")

@@ -387,7 +387,12 @@ fn up_put_get_status_ls_rm_and_a_clean_stop() {
     let (socks, links) = sockets_and_links(&dir);
     assert_eq!(
         socks,
-        vec![sock0.clone(), handover(&sock0), sock1.clone(), handover(&sock1)]
+        vec![
+            sock0.clone(),
+            handover(&sock0),
+            sock1.clone(),
+            handover(&sock1)
+        ]
     );
     assert!(links.is_empty(), "links under --dir: {links:?}");
 

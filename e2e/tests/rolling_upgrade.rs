@@ -98,7 +98,10 @@ fn wait_exit(c: &mut Cluster, i: usize, within: Duration) -> std::process::ExitS
             c.metad[i].proc.child = None;
             return st;
         }
-        assert!(Instant::now() < end, "metad {i} still running after {within:?}");
+        assert!(
+            Instant::now() < end,
+            "metad {i} still running after {within:?}"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -173,7 +176,12 @@ fn a_rolling_restart_of_the_trio_keeps_a_leader_and_every_put() {
     let out = Command::new(regolith_bin())
         .args(["--metad", &c.metad_addrs(), "--cluster-token-file"])
         .arg(&c.token_file)
-        .args(["metad", "transfer-leader", "--to", &c.metad[to].id.to_string()])
+        .args([
+            "metad",
+            "transfer-leader",
+            "--to",
+            &c.metad[to].id.to_string(),
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -206,7 +214,10 @@ fn a_rolling_restart_of_the_trio_keeps_a_leader_and_every_put() {
     std::thread::sleep(Duration::from_millis(300));
     let gets = load.gets.load(Ordering::Relaxed);
     let (acked, failures) = load.finish();
-    eprintln!("{} puts acknowledged, {gets} gets, {handovers} hand-overs", acked.len());
+    eprintln!(
+        "{} puts acknowledged, {gets} gets, {handovers} hand-overs",
+        acked.len()
+    );
     assert!(failures.is_empty(), "client calls failed: {failures:?}");
     let cl = c.client(0);
     for (k, len) in &acked {

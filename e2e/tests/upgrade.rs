@@ -489,3 +489,150 @@ fn a_refused_or_broken_handover_leaves_the_old_sidecar_serving() {
     assert!(wait_exit(&mut old, Duration::from_secs(40)).success());
     serving_the_same(&c, before, "after the upgrade that followed");
 }
+
+/// One datagram on a notification socket: its text and the descriptors it carried.
+fn receive_notification(
+    sock: &std::os::unix::net::UnixDatagram,
+) -> (String, Vec<std::os::fd::OwnedFd>) {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+    let mut buf = [0u8; 512];
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::empty(),
+    )
+    .expect("a notification within the read timeout");
+    let mut fds = Vec::new();
+    for c in msg.cmsgs().unwrap() {
+        if let ControlMessageOwned::ScmRights(r) = c {
+            fds.extend(r.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    let n = msg.bytes;
+    (String::from_utf8_lossy(&buf[..n]).into_owned(), fds)
+}
+
+/// Whether process `pid` has ended (gone, or a zombie not yet reaped by whoever adopted it).
+fn ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// The next `MAINPID=` a successor sends: its pid, once it has sent `READY=1` with it and a
+/// barrier, whose descriptor is returned (the successor's predecessor exits only once it is
+/// closed, as systemd closes it once it has read the messages before).
+fn adopted(notify: &std::os::unix::net::UnixDatagram) -> (u32, Vec<std::os::fd::OwnedFd>) {
+    let (text, _) = receive_notification(notify);
+    let mut lines = text.lines();
+    let pid: u32 = lines
+        .next()
+        .and_then(|l| l.strip_prefix("MAINPID="))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("MAINPID= first: {text:?}"));
+    assert_eq!(lines.next(), Some("READY=1"), "{text:?}");
+    let (text, fds) = receive_notification(notify);
+    assert_eq!((text.as_str(), fds.len()), ("BARRIER=1", 1));
+    (pid, fds)
+}
+
+/// `systemctl reload` of the shipped unit (`ExecReload=/bin/kill -USR2 $MAINPID`, `Type=notify`,
+/// `NotifyAccess=all`) with a real notification socket standing in for systemd's: the sidecar
+/// says `READY=1` when it serves; SIGUSR2 makes it start its own successor (its binary, its
+/// flags plus `--takeover`), which takes the segment over, says `MAINPID=` (its pid) and
+/// `READY=1`, and waits on a barrier; the old process exits 0 only after the barrier's
+/// descriptor is closed, so systemd adopts the successor before the main process it knew ends.
+/// The objects stay readable in the same generation, and a second reload upgrades the successor.
+#[test]
+fn a_reload_starts_a_successor_that_systemd_adopts_before_the_old_process_exits() {
+    let mut c = Cluster::start_with(&["128MiB", "64MiB"], &["--node-ttl", "3s"], &[]);
+    let notify_path = c.dir.path().join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(40)))
+        .unwrap();
+    // node-a again, now under the stand-in (stopped cleanly first: a new generation).
+    c.sidecars[0].proc.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(wait_exit(&mut c.sidecars[0].proc, Duration::from_secs(30)).success());
+    let child = c.spawn_sidecar_env(0, &[], &[("NOTIFY_SOCKET", notify_path.as_os_str())]);
+    c.sidecars[0].proc.child = Some(child);
+    assert_eq!(receive_notification(&notify).0, "READY=1");
+    c.wait_sidecar(0, Duration::from_secs(10));
+    put_all(&c);
+    let before = segment_of_a(&c);
+    let local = Reader::start(&c, 0);
+    let remote = Reader::start(&c, 1);
+    wait_until("reads before the reload", Duration::from_secs(10), || {
+        local.good() > 50 && remote.good() > 20
+    });
+
+    let old_pid = c.sidecars[0].proc.pid().unwrap();
+    c.sidecars[0].proc.signal(nix::sys::signal::Signal::SIGUSR2);
+    let (new_pid, barrier) = adopted(&notify);
+    assert_ne!(new_pid, old_pid);
+    // The barrier is held: the old process must still be there.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        c.sidecars[0].proc.is_running(),
+        "the old process exited before the supervisor confirmed the new main pid"
+    );
+    drop(barrier);
+    let st = wait_exit(&mut c.sidecars[0].proc, Duration::from_secs(10));
+    assert!(
+        st.success(),
+        "the old sidecar exits 0 once it handed over: {st:?}"
+    );
+    assert!(!ended(new_pid), "the successor serves");
+    let (l0, r0) = (local.good(), remote.good());
+    wait_until(
+        "reads go on after the reload",
+        Duration::from_secs(20),
+        || local.good() > l0 + 50 && remote.good() > r0 + 20,
+    );
+    assert_eq!(
+        segment_of_a(&c),
+        before,
+        "no remount: same node id and generation"
+    );
+    check_all(&c, 0, "after the reload, a new client of node-a");
+
+    // The successor reloads in turn (its own argv already holds --takeover).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(new_pid as i32),
+        nix::sys::signal::Signal::SIGUSR2,
+    )
+    .unwrap();
+    let (third, barrier) = adopted(&notify);
+    assert!(third != new_pid && third != old_pid);
+    drop(barrier);
+    wait_until("the first successor exits", Duration::from_secs(10), || {
+        ended(new_pid)
+    });
+    wait_until(
+        "reads go on after the second reload",
+        Duration::from_secs(20),
+        || local.good() > l0 + 120,
+    );
+    assert_eq!(segment_of_a(&c), before, "still the same generation");
+    local.finish("node-a's client");
+    remote.finish("node-b's client");
+    check_all(&c, 1, "after two reloads, node-b over the data plane");
+
+    // SIGTERM to the last one: it stops like any sidecar (STOPPING=1, unmounts).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(third as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(receive_notification(&notify).0, "STOPPING=1");
+    wait_until("the last successor stops", Duration::from_secs(30), || {
+        ended(third)
+    });
+}

@@ -223,10 +223,16 @@ async fn hand_over_before_stopping(node: &node::Node) {
     if voters < 2 {
         return;
     }
-    tracing::info!(term = obs.term, ?timeout, "stopping as leader: handing over first");
+    tracing::info!(
+        term = obs.term,
+        ?timeout,
+        "stopping as leader: handing over first"
+    );
     match crate::transfer::transfer(&node.ops, None, timeout).await {
         Ok(t) => tracing::info!(to = t.to, term = t.term, took = ?t.took, "handed over; stopping"),
-        Err(e) => tracing::warn!(error = %e, "no hand-over; stopping anyway (the others elect a leader)"),
+        Err(e) => {
+            tracing::warn!(error = %e, "no hand-over; stopping anyway (the others elect a leader)")
+        }
     }
 }
 

@@ -63,7 +63,11 @@ impl Dialer {
         let mut client = RaftClient::with_interceptor(ch, self.interceptor.clone());
         match tokio::time::timeout(ttl, client.timeout_now(req)).await {
             Err(_) => Err(format!("TimeoutNow to {addr}: no answer within {ttl:?}")),
-            Ok(Err(s)) => Err(format!("TimeoutNow to {addr}: {:?}: {}", s.code(), s.message())),
+            Ok(Err(s)) => Err(format!(
+                "TimeoutNow to {addr}: {:?}: {}",
+                s.code(),
+                s.message()
+            )),
             Ok(Ok(r)) => Ok(r.into_inner()),
         }
     }
@@ -154,8 +158,7 @@ pub async fn transfer(ops: &Ops, to: Option<NodeId>, timeout: Duration) -> Resul
             .collect();
         (voters, addrs)
     };
-    let target =
-        pick_target(me, &voters, &matched(ops), to).map_err(Error::Precondition)?;
+    let target = pick_target(me, &voters, &matched(ops), to).map_err(Error::Precondition)?;
     let addr = addrs
         .get(&target)
         .cloned()
@@ -183,7 +186,10 @@ pub async fn transfer(ops: &Ops, to: Option<NodeId>, timeout: Duration) -> Resul
     let _lease_back = LeaseBack(ops);
     let settled = settle_reservations(ops, started + (timeout / 2).min(QUIESCE_MAX)).await;
     if settled > 0 {
-        tracing::info!(open = settled, "handing over with reservations still open: their puts fail and retry");
+        tracing::info!(
+            open = settled,
+            "handing over with reservations still open: their puts fail and retry"
+        );
     }
     let _hold = ops.proposer.hold();
     let outcome = hand_over(ops, target, &addr, term, deadline).await;
@@ -196,12 +202,18 @@ pub async fn transfer(ops: &Ops, to: Option<NodeId>, timeout: Duration) -> Resul
                 took: started.elapsed(),
             };
             tracing::info!(from = me, to = target, term = new_term, took = ?t.took, "leadership handed over");
-            ops.metrics.leader_transfers.with_label_values(&["ok"]).inc();
+            ops.metrics
+                .leader_transfers
+                .with_label_values(&["ok"])
+                .inc();
             Ok(t)
         }
         Err(e) => {
             tracing::warn!(to = target, error = %e, "leadership hand-over failed");
-            ops.metrics.leader_transfers.with_label_values(&["failed"]).inc();
+            ops.metrics
+                .leader_transfers
+                .with_label_values(&["failed"])
+                .inc();
             Err(e)
         }
     }
@@ -302,7 +314,12 @@ async fn caught_up(ops: &Ops, target: NodeId, term: u64, deadline: Instant) -> R
                 .as_ref()
                 .and_then(|r| r.get(&target).copied().flatten())
                 .map(|l| l.index);
-            (m.state, m.current_term, m.last_log_index.unwrap_or(0), acked)
+            (
+                m.state,
+                m.current_term,
+                m.last_log_index.unwrap_or(0),
+                acked,
+            )
         };
         if state != ServerState::Leader || now_term != term {
             return Err(Error::Precondition(format!(

@@ -16,6 +16,8 @@
 //! * [`shutdown`] — [`shutdown::Shutdown`], how tasks learn that the process is stopping.
 //! * [`net`] — what every accept loop shares: back-off when accept fails, a cap on open
 //!   connections.
+//! * [`sdnotify`] — systemd's `sd_notify` protocol: `READY=1`, `STOPPING=1`, `MAINPID=` and
+//!   the barrier a successor sidecar waits on before its predecessor exits.
 //!
 //! With the `grpc` feature (on by default; `regolith-client`, and so the Python wheel, turns it
 //! off and links none of tonic, tracing-subscriber or clap):
@@ -49,6 +51,7 @@ pub mod fdpass;
 pub mod frame;
 pub mod grant;
 pub mod net;
+pub mod sdnotify;
 pub mod shutdown;
 pub mod uds;
 pub mod units;

@@ -18,8 +18,16 @@
 //!    terms, and the reservations the tracker knows ([`TrackerState`]).
 //! 4. successor: maps the memfd, checks everything against its own flags, builds its state,
 //!    → `READY` (or `REFUSE` with the reason, and exits with an error).
-//! 5. running → `COMMIT`, then exits 0 **without unmounting**; the successor heartbeats at
-//!    once (well inside metad's `node_ttl`), then serves the listeners it was handed.
+//! 5. running → `COMMIT`; the successor tells its supervisor it is the main process now
+//!    (systemd's `MAINPID=`, [`regolith_proto::sdnotify`]) and closes the connection; the
+//!    running sidecar exits 0 on that close (or 3 s after `COMMIT`) **without unmounting**.
+//!    The successor heartbeats at once (well inside metad's `node_ttl`), then serves the
+//!    listeners it was handed.
+//!
+//! `SIGUSR2` (systemd: `systemctl reload regolith-sidecar`) makes the running sidecar start its
+//! successor itself ([`spawn_successor`]): the binary at the path it was started from (the new
+//! one, after a package upgrade) with its own arguments plus `--takeover`, in its own cgroup,
+//! so that the service manager can adopt it.
 //!
 //! If anything fails before `COMMIT` is written (a refusal, a successor that dies or stalls,
 //! garbage), the running sidecar serves again as before: same segment, same generation,
@@ -73,6 +81,11 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 /// and checking its flags take milliseconds; heartbeats are stopped meanwhile and metad's
 /// node TTL is 10 s).
 const READY_TIMEOUT: Duration = Duration::from_secs(4);
+/// How long the old process waits, once it has committed, for the successor to let it go
+/// (the successor's supervisor notification, [`SUPERVISOR_TIMEOUT`], fits inside it).
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a successor waits for systemd to confirm `MAINPID=`.
+pub const SUPERVISOR_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the old process waits for its data-plane connections to close.
 const DATA_DRAIN: Duration = Duration::from_secs(3);
 /// How long the successor waits for the state (the old process finishes the requests in
@@ -531,6 +544,10 @@ impl Serving {
             Ok(Ok((k, b))) => return Err(refusal(k, &b, "the successor")),
         }
         write(sock, &encode(Kind::Commit, b"{}")?, "COMMIT").await?;
+        // The successor closes its end once its supervisor knows it (systemd: `MAINPID=`,
+        // confirmed by a barrier); exiting before that would end a `Type=notify` unit.
+        let mut byte = [0u8; 1];
+        let _ = tokio::time::timeout(RELEASE_TIMEOUT, sock.read(&mut byte)).await;
         tracing::warn!(
             generation = state.generation,
             "handed over to the successor: exiting without unmounting"
@@ -707,8 +724,9 @@ fn check(settings: &Settings, state: State, fds: Vec<OwnedFd>) -> Result<Checked
 
 impl Link {
     /// Tells the running sidecar this process is ready, and waits for its go: once this
-    /// returns Ok the old process stops and this one must serve at once.
-    pub async fn commit(mut self) -> Result<()> {
+    /// returns Ok this process owns the node and must serve at once; the old process exits
+    /// when the link is dropped (or a few seconds after the go).
+    pub async fn commit(&mut self) -> Result<()> {
         write(&self.sock, &encode(Kind::Ready, b"{}")?, "READY").await?;
         match tokio::time::timeout(COMMIT_TIMEOUT, read_msg(&mut self.sock)).await {
             Err(_) => Err(err("no COMMIT from the running sidecar within 10 s")),
@@ -722,6 +740,32 @@ impl Link {
     pub async fn refuse(self, reason: &str) {
         send_refuse(&self.sock, reason).await;
     }
+}
+
+/// The successor `SIGUSR2` starts: the program this process was started as (`argv[0]` when it
+/// names a path, which after a package upgrade is the new binary; else this executable), its
+/// arguments plus `--takeover`, its environment (`NOTIFY_SOCKET` included) and its stdout and
+/// stderr. The caller reaps it.
+pub fn spawn_successor() -> Result<tokio::process::Child> {
+    let mut argv = std::env::args_os();
+    let arg0 = argv.next().unwrap_or_default();
+    let program = if arg0.as_encoded_bytes().contains(&b'/') {
+        std::path::PathBuf::from(arg0)
+    } else {
+        let exe = std::env::current_exe().map_err(|e| err(format!("this executable: {e}")))?;
+        // A replaced binary reads as "PATH (deleted)": the new one is at PATH.
+        let s = exe.to_string_lossy();
+        std::path::PathBuf::from(s.strip_suffix(" (deleted)").unwrap_or(&s).to_string())
+    };
+    let mut args: Vec<std::ffi::OsString> = argv.collect();
+    if !args.iter().any(|a| a == "--takeover") {
+        args.push("--takeover".into());
+    }
+    tokio::process::Command::new(&program)
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| err(format!("starting the successor {}: {e}", program.display())))
 }
 
 /// Binds the hand-over socket (mode 0600; a stale file is replaced, a live one is an error

@@ -254,10 +254,14 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         .into_iter()
         .map(std::os::fd::OwnedFd::from)
         .collect();
-    if let Some(link) = start.link.take() {
-        // The old process stops once this returns: from here on this one serves.
+    let took_over = start.link.is_some();
+    if let Some(mut link) = start.link.take() {
+        // From here on this process owns the node; the old one exits once the link closes,
+        // after the supervisor has made this process the service's main one.
         link.commit().await?;
         tracing::info!("hand-over committed: serving");
+        tell_supervisor_main_pid().await;
+        drop(link);
     }
     // Data plane first (placements may name this node as soon as it is mounted).
     if let Err(e) = serving.start_data() {
@@ -298,6 +302,11 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     serving.listeners().uds = Some(std::os::fd::OwnedFd::from(uds_listener));
     serving.start_uds()?;
     tracing::info!(socket = %settings.socket.display(), "serving local clients");
+    if !took_over {
+        // A successor said READY=1 with its MAINPID= already.
+        notify_supervisor("READY=1");
+    }
+    let upgrades = tokio::spawn(start_successor_on_sigusr2(stop.clone()));
     let ho = match handover::bind(&settings.handover_socket, settings.takeover) {
         Ok(l) => Some(l),
         Err(e) => {
@@ -324,6 +333,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     };
     side.shutting_down
         .store(true, std::sync::atomic::Ordering::Relaxed);
+    upgrades.abort();
     match handed {
         Some(gate) => {
             // The successor serves the same socket, listeners and generation: remove
@@ -334,6 +344,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         }
         None => {
             tracing::info!("shutting down");
+            notify_supervisor("STOPPING=1");
             let _ = std::fs::remove_file(&settings.socket);
             serving.stop_uds().await;
             side.leave().await;
@@ -351,6 +362,65 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Tells systemd (a `Type=notify` unit; nothing without `$NOTIFY_SOCKET`) about this process.
+fn notify_supervisor(state: &str) {
+    if let Err(e) = regolith_proto::sdnotify::notify(state) {
+        tracing::warn!(error = %e, state, "sd_notify failed");
+    }
+}
+
+/// A successor that took the node over becomes the service's main process before its
+/// predecessor exits (`MAINPID=`, then a barrier: systemd has read it once this returns).
+async fn tell_supervisor_main_pid() {
+    let msg = format!("MAINPID={}\nREADY=1", std::process::id());
+    let res = tokio::task::spawn_blocking(move || {
+        regolith_proto::sdnotify::notify(&msg)?;
+        regolith_proto::sdnotify::barrier(handover::SUPERVISOR_TIMEOUT)
+    })
+    .await;
+    match res {
+        Ok(Ok(true)) => tracing::info!("systemd knows this process as the service's main one"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "MAINPID notification not confirmed"),
+        Err(e) => tracing::warn!(error = %e, "MAINPID notification"),
+    }
+}
+
+/// `SIGUSR2` (systemd's `ExecReload`) starts a successor that takes this sidecar over
+/// ([`handover::spawn_successor`]); one at a time. The successor's exit status is logged.
+async fn start_successor_on_sigusr2(stop: Shutdown) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut usr2 = match signal(SignalKind::user_defined2()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "no SIGUSR2 handler: upgrades need a --takeover started by hand");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = stop.wait() => return,
+            r = usr2.recv() => if r.is_none() { return },
+        }
+        let mut child = match handover::spawn_successor() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "SIGUSR2: no successor started");
+                continue;
+            }
+        };
+        tracing::info!(pid = ?child.id(), "SIGUSR2: successor started; it takes this sidecar over");
+        // Reaped here while this process lives; a successor that took over outlives it.
+        tokio::select! {
+            _ = stop.wait() => return,
+            st = child.wait() => match st {
+                Ok(st) => tracing::warn!(status = %st, "the successor exited: this sidecar serves on"),
+                Err(e) => tracing::warn!(error = %e, "waiting for the successor"),
+            },
+        }
+    }
 }
 
 async fn unmount_after_failure(

@@ -91,4 +91,11 @@ fn the_example_sidecar_config_loads_and_matches_the_unit() {
         "TimeoutStopSec={stop} leaves no room for drain_timeout {:?} and the unmount",
         s.drain_timeout
     );
+    // Upgrades that keep the cache: reload → SIGUSR2 → a --takeover successor, which systemd
+    // adopts through MAINPID= (only with NotifyAccess=all: it is not the process systemd
+    // started) before the old process exits; the hand-over socket lives in the runtime dir.
+    assert_eq!(unit_value(&unit, "Type"), "notify");
+    assert_eq!(unit_value(&unit, "NotifyAccess"), "all");
+    assert_eq!(unit_value(&unit, "ExecReload"), "/bin/kill -USR2 $MAINPID");
+    assert_eq!(s.handover_socket.parent(), s.socket.parent());
 }

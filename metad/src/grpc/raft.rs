@@ -270,7 +270,11 @@ impl RaftRpc for RaftService {
         let refusal = {
             let m = self.raft.metrics();
             let m = m.borrow();
-            let voter = m.membership_config.membership().voter_ids().any(|v| v == m.id);
+            let voter = m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .any(|v| v == m.id);
             timeout_now_refusal(
                 &req,
                 m.state,
