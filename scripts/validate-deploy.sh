@@ -89,6 +89,8 @@ trap 'rm -rf "$tmp"' EXIT
 command -v kubectl >/dev/null || apt_install kubernetes-client
 command -v docker-compose >/dev/null || apt_install docker-compose
 command -v systemd-analyze >/dev/null || apt_install systemd
+# The sidecar unit's ExecReload runs /bin/kill (procps, on every standard Debian system).
+[ -x /bin/kill ] || [ -x /usr/bin/kill ] || apt_install procps
 promtool=$cache/prometheus/usr/bin/promtool
 if [ ! -x "$promtool" ]; then
   say "promtool: Debian's prometheus package, unpacked into $cache/prometheus"
@@ -201,6 +203,8 @@ for b in regolith-metad regolith-sidecar; do
   ln -f "$bin_dir/$b" "$sysroot/usr/bin/$b" 2>/dev/null || cp "$bin_dir/$b" "$sysroot/usr/bin/$b"
 done
 cp -r /usr/lib/systemd/system "$sysroot/usr/lib/systemd/"
+mkdir -p "$sysroot/bin"
+cp "$(readlink -f "$( [ -x /bin/kill ] && echo /bin/kill || echo /usr/bin/kill)")" "$sysroot/bin/kill"
 cp deploy/systemd/*.service "$sysroot/etc/systemd/system/"
 cp deploy/systemd/metad.toml deploy/systemd/sidecar.toml "$sysroot/etc/regolith/"
 # The units run as regolith; the temporary root has that user and group (the host's files plus
