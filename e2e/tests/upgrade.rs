@@ -636,3 +636,74 @@ fn a_reload_starts_a_successor_that_systemd_adopts_before_the_old_process_exits(
         ended(third)
     });
 }
+
+/// The DaemonSet's rolling update (`maxSurge: 1`, `deploy/kubernetes/base`): its pods run the
+/// sidecar with `--takeover-if-running --after-handover wait`. One started when no sidecar runs
+/// on the node (first start, or after a crash left a stale hand-over socket) mounts; one
+/// started beside the running one takes the node over, and the old process stays, idle, until
+/// the SIGTERM of its pod's deletion (a container that ended would be restarted), then exits 0
+/// without unmounting: the generation serves on.
+#[test]
+fn a_surge_pod_takes_the_node_over_and_the_old_process_waits_for_its_sigterm() {
+    const POD: [&str; 3] = ["--takeover-if-running", "--after-handover", "wait"];
+    let mut c = Cluster::start_with(&["128MiB", "64MiB"], &["--node-ttl", "3s"], &[]);
+    // node-a as the DaemonSet runs it (stopped cleanly first: nothing to take over).
+    c.sidecars[0].proc.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(wait_exit(&mut c.sidecars[0].proc, Duration::from_secs(30)).success());
+    let child = c.spawn_sidecar(0, &POD);
+    c.sidecars[0].proc.child = Some(child);
+    c.wait_sidecar(0, Duration::from_secs(10));
+    let mounting = "no running sidecar to take over: mounting";
+    let log_path = c.sidecars[0].proc.log.clone();
+    let log = || std::fs::read_to_string(&log_path).unwrap();
+    assert_eq!(log().matches(mounting).count(), 1, "the first pod mounts");
+    put_all(&c);
+    let before = segment_of_a(&c);
+    let local = Reader::start(&c, 0);
+    let remote = Reader::start(&c, 1);
+    wait_until("reads before the update", Duration::from_secs(10), || {
+        local.good() > 50 && remote.good() > 20
+    });
+
+    // The surge pod.
+    let child = c.spawn_sidecar(0, &POD);
+    let mut old = Proc {
+        child: c.sidecars[0].proc.child.replace(child),
+        log: c.sidecars[0].proc.log.clone(),
+    };
+    wait_until("the surge pod takes over", Duration::from_secs(30), || {
+        log().contains("segment taken over from the running sidecar (no remount)")
+    });
+    let (l0, r0) = (local.good(), remote.good());
+    wait_until(
+        "reads go on through the new process",
+        Duration::from_secs(20),
+        || local.good() > l0 + 50 && remote.good() > r0 + 20,
+    );
+    assert!(old.is_running(), "the old process waits for its SIGTERM");
+    assert!(log().contains("handed over: idle until SIGTERM"));
+    // The old pod is deleted.
+    old.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(wait_exit(&mut old, Duration::from_secs(10)).success());
+    // Past the node TTL: the same generation, heartbeated by the new process.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(segment_of_a(&c), before, "no unmount, no remount");
+    local.finish("node-a's client");
+    remote.finish("node-b's client");
+    check_all(&c, 1, "after the update, node-b over the data plane");
+
+    // A crash leaves the hand-over socket's file behind: the next pod mounts anew.
+    c.sidecars[0].proc.kill();
+    assert!(handover_socket(&c).exists(), "a stale hand-over socket");
+    let child = c.spawn_sidecar(0, &POD);
+    c.sidecars[0].proc.child = Some(child);
+    c.wait_sidecar(0, Duration::from_secs(10));
+    assert_eq!(
+        log().matches(mounting).count(),
+        2,
+        "the pod after a crash mounts"
+    );
+    wait_until("a new generation", Duration::from_secs(10), || {
+        segment_of_a(&c).1 > before.1
+    });
+}

@@ -65,6 +65,14 @@ pub struct Args {
     /// the cache); fails if no sidecar answers there.
     #[arg(long, env = "REGOLITH_TAKEOVER", value_parser = clap::builder::BoolishValueParser::new())]
     pub takeover: bool,
+    /// Take over like --takeover when a sidecar answers on --handover-socket, else mount as
+    /// usual (a DaemonSet pod that may start beside its predecessor, or alone).
+    #[arg(long, env = "REGOLITH_TAKEOVER_IF_RUNNING", value_parser = clap::builder::BoolishValueParser::new())]
+    pub takeover_if_running: bool,
+    /// What this sidecar does once it has handed over: `exit` (0), or `wait` for SIGTERM
+    /// doing nothing (a Kubernetes pod whose container must not end, or it would be restarted).
+    #[arg(long, env = "REGOLITH_AFTER_HANDOVER")]
+    pub after_handover: Option<String>,
     /// Drain this node (no new placements) before unmounting on SIGTERM.
     #[arg(long, env = "REGOLITH_DRAIN_ON_EXIT")]
     pub drain_on_exit: bool,
@@ -127,6 +135,8 @@ pub struct FileConfig {
     pub socket_group: Option<String>,
     pub handover_socket: Option<PathBuf>,
     pub takeover: Option<bool>,
+    pub takeover_if_running: Option<bool>,
+    pub after_handover: Option<String>,
     pub metrics_addr: Option<String>,
     pub drain_on_exit: Option<bool>,
     pub index: Option<bool>,
@@ -143,6 +153,15 @@ pub struct FileConfig {
     pub tls_key: Option<PathBuf>,
     pub tls_server_name: Option<String>,
     pub tls_reload_interval: Option<String>,
+}
+
+/// What a sidecar that handed its node over does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterHandover {
+    /// Exit 0 (a service manager adopts the successor: systemd's `MAINPID=`).
+    Exit,
+    /// Stay, idle, until SIGTERM, then exit 0 (a container whose end would restart it).
+    Wait,
 }
 
 #[derive(Clone, Debug)]
@@ -165,6 +184,9 @@ pub struct Settings {
     pub handover_socket: PathBuf,
     /// Take over from the sidecar on `handover_socket` instead of mounting.
     pub takeover: bool,
+    /// Take over when a sidecar answers on `handover_socket`, else mount.
+    pub takeover_if_running: bool,
+    pub after_handover: AfterHandover,
     pub drain_on_exit: bool,
     /// Keep the object index fed by metad's watch stream (`--index`, default off).
     pub index: bool,
@@ -342,6 +364,16 @@ impl Args {
                 )))
             }
         };
+        let after_handover = match self
+            .after_handover
+            .or(file.after_handover)
+            .as_deref()
+            .unwrap_or("exit")
+        {
+            "exit" => AfterHandover::Exit,
+            "wait" => AfterHandover::Wait,
+            other => return Err(cfg(format!("--after-handover {other:?}: exit or wait"))),
+        };
         let json_logs = match self
             .log_format
             .or(file.log_format)
@@ -394,6 +426,9 @@ impl Args {
             metrics_addr,
             handover_socket,
             takeover: self.takeover || file.takeover.unwrap_or(false),
+            takeover_if_running: self.takeover_if_running
+                || file.takeover_if_running.unwrap_or(false),
+            after_handover,
             drain_on_exit: self.drain_on_exit || file.drain_on_exit.unwrap_or(false),
             index: self.index || file.index.unwrap_or(false),
             drain_timeout: dur(
@@ -446,6 +481,26 @@ mod tests {
         assert!(s.takeover);
         let same = ["--socket", "/tmp/s", "--handover-socket", "/tmp/s"];
         assert!(parse(&[m[0], m[1], same[0], same[1], same[2], same[3]]).is_err());
+    }
+
+    #[test]
+    fn a_pod_takes_over_if_a_sidecar_runs_and_waits_after_handing_over() {
+        let m = ["--metad", "127.0.0.1:50051"];
+        let s = parse(&m).unwrap();
+        assert!(!s.takeover_if_running);
+        assert_eq!(s.after_handover, AfterHandover::Exit);
+        let s = parse(&[
+            m[0],
+            m[1],
+            "--takeover-if-running",
+            "--after-handover",
+            "wait",
+        ])
+        .unwrap();
+        assert!(s.takeover_if_running && !s.takeover);
+        assert_eq!(s.after_handover, AfterHandover::Wait);
+        let err = parse(&[m[0], m[1], "--after-handover", "linger"]).unwrap_err();
+        assert!(err.to_string().contains("exit or wait"), "{err}");
     }
 
     #[test]

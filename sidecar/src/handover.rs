@@ -574,17 +574,32 @@ pub struct Link {
 
 /// Connects to the running sidecar on `--handover-socket` and takes its segment, listeners
 /// and state. Nothing is served yet: [`Taken::commit`] says when.
-pub async fn take_over(settings: &Settings) -> Result<Taken> {
+/// With `if_running`, `Ok(None)` when no sidecar listens there (no socket file, or one nobody
+/// accepts on: a predecessor that died).
+pub async fn take_over(settings: &Settings, if_running: bool) -> Result<Option<Taken>> {
     let path = &settings.handover_socket;
-    let mut sock = tokio::time::timeout(Duration::from_secs(5), UnixStream::connect(path))
+    let connected = tokio::time::timeout(Duration::from_secs(5), UnixStream::connect(path))
         .await
-        .map_err(|_| err(format!("connecting to {}: timed out", path.display())))?
-        .map_err(|e| {
-            err(format!(
+        .map_err(|_| err(format!("connecting to {}: timed out", path.display())))?;
+    let mut sock = match connected {
+        Ok(s) => s,
+        Err(e)
+            if if_running
+                && matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) =>
+        {
+            tracing::info!(socket = %path.display(), "no running sidecar to take over: mounting");
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(err(format!(
                 "no running sidecar to take over at {} ({e}); start without --takeover",
                 path.display()
-            ))
-        })?;
+            )))
+        }
+    };
     check_peer(&sock)?;
     let hello = serde_json::to_vec(&Hello {
         node_name: settings.node_name.clone(),
@@ -597,14 +612,14 @@ pub async fn take_over(settings: &Settings) -> Result<Taken> {
         .map_err(|_| err("no state from the running sidecar within 20 s"))?;
     let (state, fds) = received?;
     match check(settings, state, fds) {
-        Ok((state, segment, uds, http, data)) => Ok(Taken {
+        Ok((state, segment, uds, http, data)) => Ok(Some(Taken {
             state,
             segment,
             uds,
             http,
             data,
             link: Link { sock },
-        }),
+        })),
         Err(e) => {
             send_refuse(&sock, &e.to_string()).await;
             Err(e)

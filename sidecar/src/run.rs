@@ -124,8 +124,11 @@ async fn fresh(settings: &Settings, metad: &regolith_proto::client::MetadClient)
     })
 }
 
-async fn taken(settings: &Settings) -> Result<Start> {
-    let t = handover::take_over(settings).await?;
+/// The running sidecar's node, taken over (None: with `if_running`, no sidecar runs).
+async fn taken(settings: &Settings, if_running: bool) -> Result<Option<Start>> {
+    let Some(t) = handover::take_over(settings, if_running).await? else {
+        return Ok(None);
+    };
     let st = t.state;
     let refuse = |link: handover::Link, e: Error| async move {
         link.refuse(&e.to_string()).await;
@@ -149,7 +152,7 @@ async fn taken(settings: &Settings) -> Result<Start> {
         reservations_held = st.tracker.held.len(),
         "segment taken over from the running sidecar (no remount)"
     );
-    Ok(Start {
+    Ok(Some(Start {
         segment: Arc::new(t.segment),
         node_id: st.node_id,
         generation: st.generation,
@@ -161,7 +164,7 @@ async fn taken(settings: &Settings) -> Result<Start> {
         uds: Some(t.uds),
         http: Some(t.http),
         link: Some(t.link),
-    })
+    }))
 }
 
 fn os(what: &'static str) -> impl Fn(std::io::Error) -> Error {
@@ -191,10 +194,14 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         });
     }
     let (metad, hb_client) = node::metad_clients(&settings)?;
-    let mut start = if settings.takeover {
-        taken(&settings).await?
+    let taken_over = if settings.takeover || settings.takeover_if_running {
+        taken(&settings, !settings.takeover).await?
     } else {
-        fresh(&settings, &metad).await?
+        None
+    };
+    let mut start = match taken_over {
+        Some(start) => start,
+        None => fresh(&settings, &metad).await?,
     };
     let (node_id, generation) = (start.node_id, start.generation);
     let segment = start.segment.clone();
@@ -307,7 +314,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         notify_supervisor("READY=1");
     }
     let upgrades = tokio::spawn(start_successor_on_sigusr2(stop.clone()));
-    let ho = match handover::bind(&settings.handover_socket, settings.takeover) {
+    let ho = match handover::bind(&settings.handover_socket, took_over) {
         Ok(l) => Some(l),
         Err(e) => {
             tracing::error!(error = %e, "no hand-over socket: an upgrade of this sidecar will have to restart it (losing its cache)");
@@ -341,6 +348,10 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
             stop_tx.trigger();
             let _ = hb.await;
             drop(gate);
+            if settings.after_handover == crate::args::AfterHandover::Wait {
+                tracing::info!("handed over: idle until SIGTERM (--after-handover wait)");
+                shutdown.wait().await;
+            }
         }
         None => {
             tracing::info!("shutting down");
