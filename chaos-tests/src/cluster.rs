@@ -356,6 +356,32 @@ impl Cluster {
         Ok(())
     }
 
+    /// SIGTERM to replica `id`, then waits up to `within` for it to exit; returns its status.
+    pub fn stop(&mut self, id: u64, within: Duration) -> Result<std::process::ExitStatus> {
+        self.signal(id, Signal::SIGTERM)?;
+        let r = self.replica_mut(id)?;
+        let end = Instant::now() + within;
+        loop {
+            let Some(c) = r.child.as_mut() else {
+                return Err(Error::Cluster(format!("replica {id} is not running")));
+            };
+            if let Some(st) = c
+                .try_wait()
+                .map_err(|e| Error::Cluster(format!("wait {id}: {e}")))?
+            {
+                r.child = None;
+                tracing::info!(id, %st, "metad stopped (SIGTERM)");
+                return Ok(st);
+            }
+            if Instant::now() >= end {
+                return Err(Error::Cluster(format!(
+                    "replica {id} still running {within:?} after SIGTERM"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Restarts a stopped replica from its data directory.
     pub fn restart(&mut self, id: u64) -> Result<()> {
         self.spawn(id, None)

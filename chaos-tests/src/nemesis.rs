@@ -87,6 +87,9 @@ pub enum Fault {
     PacketLoss { percent: u8 },
     /// kill -9 of every metad replica; heal restarts them all.
     RestartAll,
+    /// SIGTERM to the leader, as a rolling upgrade stops it: it must hand its office over
+    /// before it exits (`--leader-handover-timeout`); heal starts it again.
+    LeaderHandover,
     /// SIGSTOP of every metad replica for longer than the node TTL (a frozen VM host);
     /// heal sends SIGCONT. Nobody was cut off, so nobody may be declared dead.
     PauseAll,
@@ -113,6 +116,7 @@ impl Fault {
     pub fn name(&self) -> String {
         match self {
             Fault::KillLeader => "kill-leader".into(),
+            Fault::LeaderHandover => "leader-handover".into(),
             Fault::PauseLeader => "pause-leader".into(),
             Fault::IsolateLeader => "isolate-leader".into(),
             Fault::OneWayLeader(OneWay::LeaderDeaf) => "one-way-leader-deaf".into(),
@@ -135,6 +139,7 @@ impl Fault {
     pub fn kind(&self) -> &'static str {
         match self {
             Fault::KillLeader => "kill-leader",
+            Fault::LeaderHandover => "leader-handover",
             Fault::PauseLeader => "pause-leader",
             Fault::IsolateLeader => "isolate-leader",
             Fault::OneWayLeader(OneWay::LeaderDeaf) => "one-way-leader-deaf",
@@ -169,6 +174,7 @@ impl Fault {
         let name = self.name();
         match self.clone() {
             Fault::KillLeader => Box::new(KillLeader { victim: None }),
+            Fault::LeaderHandover => Box::new(LeaderHandover { victim: None }),
             Fault::PauseLeader => Box::new(PauseLeader { victim: None }),
             Fault::IsolateLeader => Box::new(Net::new(name, NetKind::IsolateLeader)),
             Fault::OneWayLeader(d) => Box::new(Net::new(name, NetKind::OneWay(d))),
@@ -211,6 +217,47 @@ impl Nemesis for KillLeader {
         ctx.cluster.kill(id)?;
         self.victim = Some(id);
         Ok(format!("kill -9 metad {id}"))
+    }
+    fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        let Some(id) = self.victim.take() else {
+            return Ok("nothing to restart".into());
+        };
+        ctx.cluster.restart(id)?;
+        Ok(format!("restarted metad {id}"))
+    }
+}
+
+struct LeaderHandover {
+    victim: Option<u64>,
+}
+
+impl Nemesis for LeaderHandover {
+    fn name(&self) -> String {
+        Fault::LeaderHandover.name()
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        let id = leader(ctx)?;
+        let status = ctx.cluster.stop(id, Duration::from_secs(20))?;
+        self.victim = Some(id);
+        if !status.success() {
+            return Err(Error::Cluster(format!(
+                "leader {id} stopped on SIGTERM with {status}"
+            )));
+        }
+        // The replica logs this only once it has seen another replica lead a later term.
+        let log = std::fs::read_to_string(&ctx.cluster.replica(id)?.log).unwrap_or_default();
+        if !log.contains("handed over; stopping") {
+            return Err(Error::Cluster(format!(
+                "leader {id} stopped without handing over: {}",
+                log.lines()
+                    .filter(|l| l.contains("hand"))
+                    .last()
+                    .unwrap_or("no hand-over logged")
+            )));
+        }
+        Ok(format!(
+            "SIGTERM leader {id}: it handed over, then exited 0"
+        ))
     }
     fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
         let Some(id) = self.victim.take() else {

@@ -26,9 +26,10 @@ pub fn default_hold(fault: &Fault) -> Duration {
         }
         Fault::RestartAll => Duration::from_millis(1500),
         Fault::MembershipChange => Duration::from_millis(2000),
-        Fault::KillLeader | Fault::SidecarCrash { .. } | Fault::SidecarUpgrade { .. } => {
-            Duration::from_millis(2000)
-        }
+        Fault::KillLeader
+        | Fault::LeaderHandover
+        | Fault::SidecarCrash { .. }
+        | Fault::SidecarUpgrade { .. } => Duration::from_millis(2000),
         // Long enough for every probe kind to reach every daemon several times.
         Fault::ByzantineClient => Duration::from_millis(4000),
         _ => Duration::from_millis(3000),
@@ -48,6 +49,7 @@ fn every_fault(rng: &mut StdRng, data_plane: bool) -> Vec<Fault> {
     };
     let faults = vec![
         Fault::KillLeader,
+        Fault::LeaderHandover,
         Fault::PauseLeader,
         Fault::IsolateLeader,
         Fault::OneWayLeader(one_way),
@@ -136,9 +138,10 @@ mod tests {
     #[test]
     fn quick_has_every_fault_once_and_data_plane_faults_only_when_asked() {
         let q = quick(1, false);
-        assert_eq!(q.len(), 11);
+        assert_eq!(q.len(), 12);
         assert!(q.iter().all(|s| !s.fault.needs_data_plane()));
-        assert_eq!(quick(1, true).len(), 15);
+        assert_eq!(quick(1, true).len(), 16);
+        assert!(q.iter().any(|s| s.fault.kind() == "leader-handover"));
         assert!(quick(1, true)
             .iter()
             .any(|s| s.fault.kind() == "sidecar-upgrade"));
