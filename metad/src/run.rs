@@ -266,6 +266,7 @@ impl Replica {
         // Everything below stops on `stopping`, which fires once a leader has handed over: the
         // hand-over needs the gRPC server (the new leader's vote request comes to it) and Raft.
         let (stop, stopping) = regolith_proto::shutdown::channel();
+        let sigterm = shutdown.clone();
         tokio::spawn({
             let node = node.clone();
             async move {
@@ -292,10 +293,10 @@ impl Replica {
         })
         .max_decoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(regolith_proto::client::MAX_MESSAGE_BYTES);
-        let raft = RaftServer::new(RaftService::new(
-            node.ops.raft.clone(),
-            node.ops.metrics.clone(),
-        ))
+        let raft = RaftServer::new(
+            RaftService::new(node.ops.raft.clone(), node.ops.metrics.clone())
+                .with_stopping(sigterm),
+        )
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
         // The token is checked before a request body is read.

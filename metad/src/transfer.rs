@@ -34,6 +34,7 @@ use regolith_proto::raft::{TimeoutNowReply, TimeoutNowRequest};
 use tonic::transport::Endpoint;
 
 use crate::error::{Error, Result};
+use crate::gate::Observed;
 use crate::ops::Ops;
 use crate::raft_types::NodeId;
 
@@ -287,11 +288,18 @@ async fn hand_over(
             reply.reason
         )));
     }
+    let new_leader = |o: &Observed| o.term > term && o.leader.is_some_and(|l| l != me);
     let left = deadline.saturating_duration_since(Instant::now());
-    let (obs, led) = ops
-        .gate
-        .wait_for(left, |o| o.term > term && o.leader.is_some_and(|l| l != me))
+    ops.gate
+        .wait_for(left, |o| new_leader(o) || o.state != ServerState::Leader)
         .await;
+    // Once this replica has stepped down (it voted in the target's term), the target wins or
+    // an election follows: a target that stopped meanwhile (a whole cluster stopping) must not
+    // hold this one up for the rest of the time allowed.
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .min(ops.vote_lease);
+    let (obs, led) = ops.gate.wait_for(left, new_leader).await;
     if led {
         Ok(obs.term)
     } else {

@@ -49,6 +49,8 @@ pub const CEILING: u64 = 1 << 62;
 pub struct RaftService {
     pub raft: Raft,
     pub metrics: Arc<Metrics>,
+    /// Fires when this replica is asked to stop: it then campaigns for no one's hand-over.
+    stopping: regolith_proto::shutdown::Shutdown,
     /// Rate limit of the refusal warnings: the second of the last one, and how many were
     /// left out since.
     last_warn_s: AtomicU64,
@@ -179,9 +181,16 @@ impl RaftService {
         Self {
             raft,
             metrics,
+            stopping: regolith_proto::shutdown::Shutdown::never(),
             last_warn_s: AtomicU64::new(0),
             suppressed: AtomicU64::new(0),
         }
+    }
+
+    /// Refuses `TimeoutNow` once `stopping` fires (SIGTERM received).
+    pub fn with_stopping(mut self, stopping: regolith_proto::shutdown::Shutdown) -> Self {
+        self.stopping = stopping;
+        self
     }
 
     fn admit(
@@ -267,7 +276,9 @@ impl RaftRpc for RaftService {
         req: Request<TimeoutNowRequest>,
     ) -> Result<Response<TimeoutNowReply>, Status> {
         let req = req.into_inner();
-        let refusal = {
+        let refusal = if self.stopping.is_shutdown() {
+            Some("this replica is stopping".to_string())
+        } else {
             let m = self.raft.metrics();
             let m = m.borrow();
             let voter = m
