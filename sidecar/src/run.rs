@@ -193,6 +193,10 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
             t.trigger();
         });
     }
+    // Caught from the start, before systemd hears READY=1 (from this process or, for a
+    // successor, its MAINPID=): a reload may follow at once, and SIGUSR2's default action
+    // ends the process.
+    let usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2());
     let (metad, hb_client) = node::metad_clients(&settings)?;
     let taken_over = if settings.takeover || settings.takeover_if_running {
         taken(&settings, !settings.takeover).await?
@@ -313,7 +317,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         // A successor said READY=1 with its MAINPID= already.
         notify_supervisor("READY=1");
     }
-    let upgrades = tokio::spawn(start_successor_on_sigusr2(stop.clone()));
+    let upgrades = tokio::spawn(start_successor_on_sigusr2(usr2, stop.clone()));
     let ho = match handover::bind(&settings.handover_socket, took_over) {
         Ok(l) => Some(l),
         Err(e) => {
@@ -401,9 +405,11 @@ async fn tell_supervisor_main_pid() {
 
 /// `SIGUSR2` (systemd's `ExecReload`) starts a successor that takes this sidecar over
 /// ([`handover::spawn_successor`]); one at a time. The successor's exit status is logged.
-async fn start_successor_on_sigusr2(stop: Shutdown) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut usr2 = match signal(SignalKind::user_defined2()) {
+async fn start_successor_on_sigusr2(
+    usr2: std::io::Result<tokio::signal::unix::Signal>,
+    stop: Shutdown,
+) {
+    let mut usr2 = match usr2 {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "no SIGUSR2 handler: upgrades need a --takeover started by hand");
