@@ -162,6 +162,7 @@ impl Node {
             saving: tokio::sync::Mutex::new(()),
             peers,
             vote_lease: settings.election_timeout_max,
+            transferring: tokio::sync::Mutex::new(()),
         });
         Ok(Arc::new(Node {
             settings,

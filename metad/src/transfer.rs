@@ -146,6 +146,11 @@ pub fn timeout_now_refusal(
 pub async fn transfer(ops: &Ops, to: Option<NodeId>, timeout: Duration) -> Result<Transferred> {
     let deadline = Instant::now() + timeout;
     let me = ops.id;
+    // One at a time (a SIGTERM during a `transfer-leader`): the hold and the gate's flag are
+    // this replica's, not each hand-over's.
+    let _one = tokio::time::timeout(timeout, ops.transferring.lock())
+        .await
+        .map_err(|_| Error::Precondition("another hand-over is under way".into()))?;
     let obs = ops.leader().await?;
     let term = obs.term;
     let (voters, addrs) = {

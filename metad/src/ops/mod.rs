@@ -71,6 +71,8 @@ pub struct Ops {
     /// How long after its election a leader's vote stays leased (openraft's
     /// `election_timeout_max`): a hand-over waits it out.
     pub vote_lease: std::time::Duration,
+    /// Held by the leadership hand-over under way ([`crate::transfer`]).
+    pub transferring: tokio::sync::Mutex<()>,
 }
 
 /// One member of the Raft group.
