@@ -98,7 +98,7 @@ impl Metrics {
             r.register(Box::new(c.clone())).expect("unique metric");
             c
         };
-        Self {
+        let m = Self {
             role: gauge(
                 &r,
                 "role",
@@ -211,7 +211,13 @@ impl Metrics {
                 "Certificate rotations that did not load (the previous certificates stayed)",
             ),
             registry: r,
+        };
+        // At zero from the start: a dashboard or an alert on a hand-over's result needs the
+        // series before the first one.
+        for result in ["ok", "failed"] {
+            m.leader_transfers.with_label_values(&[result]);
         }
+        m
     }
 
     pub fn render(&self) -> String {
