@@ -516,6 +516,23 @@ fn receive_notification(
     (String::from_utf8_lossy(&buf[..n]).into_owned(), fds)
 }
 
+/// Processes this test started indirectly (successors of a SIGUSR2), killed when it ends,
+/// however it ends: the harness only knows its own children.
+struct Reap(Vec<u32>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            if !ended(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
 /// Whether process `pid` has ended (gone, or a zombie not yet reaped by whoever adopted it).
 fn ended(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -576,6 +593,7 @@ fn a_reload_starts_a_successor_that_systemd_adopts_before_the_old_process_exits(
     let old_pid = c.sidecars[0].proc.pid().unwrap();
     c.sidecars[0].proc.signal(nix::sys::signal::Signal::SIGUSR2);
     let (new_pid, barrier) = adopted(&notify);
+    let mut reap = Reap(vec![new_pid]);
     assert_ne!(new_pid, old_pid);
     // The barrier is held: the old process must still be there.
     std::thread::sleep(Duration::from_millis(500));
@@ -610,6 +628,7 @@ fn a_reload_starts_a_successor_that_systemd_adopts_before_the_old_process_exits(
     )
     .unwrap();
     let (third, barrier) = adopted(&notify);
+    reap.0.push(third);
     assert!(third != new_pid && third != old_pid);
     drop(barrier);
     wait_until("the first successor exits", Duration::from_secs(10), || {
