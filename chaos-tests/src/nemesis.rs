@@ -251,7 +251,7 @@ impl Nemesis for LeaderHandover {
                 "leader {id} stopped without handing over: {}",
                 log.lines()
                     .filter(|l| l.contains("hand"))
-                    .last()
+                    .next_back()
                     .unwrap_or("no hand-over logged")
             )));
         }
