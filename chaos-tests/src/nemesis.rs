@@ -250,8 +250,7 @@ impl Nemesis for LeaderHandover {
             return Err(Error::Cluster(format!(
                 "leader {id} stopped without handing over: {}",
                 log.lines()
-                    .filter(|l| l.contains("hand"))
-                    .next_back()
+                    .rfind(|l| l.contains("hand"))
                     .unwrap_or("no hand-over logged")
             )));
         }
