@@ -204,6 +204,15 @@ fn leader(ctx: &FaultCtx<'_>) -> Result<u64> {
 
 // ---------------------------------------------------------------------------- processes
 
+/// Heal of a fault that stopped a replica: start it again on its data.
+fn restart_victim(victim: &mut Option<u64>, ctx: &mut FaultCtx<'_>) -> Result<String> {
+    let Some(id) = victim.take() else {
+        return Ok("nothing to restart".into());
+    };
+    ctx.cluster.restart(id)?;
+    Ok(format!("restarted metad {id}"))
+}
+
 struct KillLeader {
     victim: Option<u64>,
 }
@@ -219,11 +228,7 @@ impl Nemesis for KillLeader {
         Ok(format!("kill -9 metad {id}"))
     }
     fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
-        let Some(id) = self.victim.take() else {
-            return Ok("nothing to restart".into());
-        };
-        ctx.cluster.restart(id)?;
-        Ok(format!("restarted metad {id}"))
+        restart_victim(&mut self.victim, ctx)
     }
 }
 
@@ -259,11 +264,7 @@ impl Nemesis for LeaderHandover {
         ))
     }
     fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
-        let Some(id) = self.victim.take() else {
-            return Ok("nothing to restart".into());
-        };
-        ctx.cluster.restart(id)?;
-        Ok(format!("restarted metad {id}"))
+        restart_victim(&mut self.victim, ctx)
     }
 }
 

@@ -490,30 +490,11 @@ fn a_refused_or_broken_handover_leaves_the_old_sidecar_serving() {
     serving_the_same(&c, before, "after the upgrade that followed");
 }
 
-/// One datagram on a notification socket: its text and the descriptors it carried.
+/// One notification, as systemd reads it: its text and the descriptors it carried.
 fn receive_notification(
     sock: &std::os::unix::net::UnixDatagram,
 ) -> (String, Vec<std::os::fd::OwnedFd>) {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-    let mut buf = [0u8; 512];
-    let mut space = nix::cmsg_space!([RawFd; 4]);
-    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::empty(),
-    )
-    .expect("a notification within the read timeout");
-    let mut fds = Vec::new();
-    for c in msg.cmsgs().unwrap() {
-        if let ControlMessageOwned::ScmRights(r) = c {
-            fds.extend(r.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-        }
-    }
-    let n = msg.bytes;
-    (String::from_utf8_lossy(&buf[..n]).into_owned(), fds)
+    regolith_proto::sdnotify::receive(sock).expect("a notification within the read timeout")
 }
 
 /// Processes this test started indirectly (successors of a SIGUSR2), killed when it ends,

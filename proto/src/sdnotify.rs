@@ -7,14 +7,15 @@
 //! successor with it). Without `$NOTIFY_SOCKET` (not started by systemd) nothing is sent.
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
-use nix::sys::socket::{
-    sendmsg, socket, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr,
-};
+use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+
+use crate::fdpass;
 
 /// Where `$NOTIFY_SOCKET` points: a path, or `@name` in the abstract namespace.
 fn target() -> Option<UnixAddr> {
@@ -35,7 +36,7 @@ pub fn notify(state: &str) -> io::Result<bool> {
     send(target().as_ref(), state, &[])
 }
 
-fn send(to: Option<&UnixAddr>, state: &str, fds: &[RawFd]) -> io::Result<bool> {
+fn send(to: Option<&UnixAddr>, state: &str, fds: &[BorrowedFd<'_>]) -> io::Result<bool> {
     let Some(addr) = to else {
         return Ok(false);
     };
@@ -45,17 +46,18 @@ fn send(to: Option<&UnixAddr>, state: &str, fds: &[RawFd]) -> io::Result<bool> {
         SockFlag::SOCK_CLOEXEC,
         None,
     )?;
-    let iov = [io::IoSlice::new(state.as_bytes())];
-    let rights = [ControlMessage::ScmRights(fds)];
-    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &rights };
-    sendmsg(
-        sock.as_raw_fd(),
-        &iov,
-        cmsgs,
-        MsgFlags::MSG_NOSIGNAL,
-        Some(addr),
-    )?;
+    connect(sock.as_raw_fd(), addr)?;
+    fdpass::send_fds(sock.as_fd(), state.as_bytes(), fds)?;
     Ok(true)
+}
+
+/// The service manager's side: one notification read from `sock` (the socket
+/// `$NOTIFY_SOCKET` names), its text and the descriptors it carried. Closing those is what
+/// releases a [`barrier`]. Tests stand in for systemd with it.
+pub fn receive(sock: &UnixDatagram) -> io::Result<(String, Vec<OwnedFd>)> {
+    let mut buf = [0u8; 4096];
+    let (n, fds) = fdpass::recv_fds(sock.as_fd(), &mut buf, fdpass::MAX_FDS)?;
+    Ok((String::from_utf8_lossy(&buf[..n]).into_owned(), fds))
 }
 
 /// Waits at most `timeout` until systemd has processed every message this process sent before;
@@ -69,7 +71,7 @@ fn barrier_to(to: Option<&UnixAddr>, timeout: Duration) -> io::Result<bool> {
         return Ok(false);
     }
     let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
-    send(to, "BARRIER=1", &[write.as_raw_fd()])?;
+    send(to, "BARRIER=1", &[write.as_fd()])?;
     drop(write);
     // With every write end closed (ours now, systemd's once it has read the message) a read
     // returns 0; before, EAGAIN.
@@ -96,30 +98,9 @@ fn barrier_to(to: Option<&UnixAddr>, timeout: Duration) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::sys::socket::{recvmsg, ControlMessageOwned};
-    use std::os::fd::{FromRawFd, OwnedFd};
-    use std::os::unix::net::UnixDatagram;
 
-    /// One datagram: its text and the descriptors it carried.
     fn receive(sock: &UnixDatagram) -> (String, Vec<OwnedFd>) {
-        let mut buf = [0u8; 256];
-        let mut space = nix::cmsg_space!([RawFd; 4]);
-        let mut iov = [io::IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::empty(),
-        )
-        .unwrap();
-        let mut fds = Vec::new();
-        for c in msg.cmsgs().unwrap() {
-            if let ControlMessageOwned::ScmRights(r) = c {
-                fds.extend(r.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-            }
-        }
-        let n = msg.bytes;
-        (String::from_utf8_lossy(&buf[..n]).into_owned(), fds)
+        super::receive(sock).unwrap()
     }
 
     #[test]
