@@ -42,7 +42,7 @@
 //!
 //! ```text
 //! offset size field
-//!      0    1 kind        u8: 1 WRITE, 2 READ
+//!      0    1 kind        u8: 1 WRITE, 2 READ, 3 RDMA_CONNECT, 4 RDMA_COMMIT (see below)
 //!      1    3 reserved    must be 0
 //!      4    4 len         u32, slice length in bytes, <= 64 MiB (MAX_SLICE_LEN)
 //!      8    8 req_id      u64, chosen by the client, echoed in the reply
@@ -68,7 +68,8 @@
 //! offset size field
 //!      0    8 req_id      u64, the request's req_id
 //!      8    2 status      u16: 0 OK, 1 BAD_GENERATION, 2 STALE_TERM, 3 OUT_OF_RANGE, 4 FENCED,
-//!                         5 TOO_LARGE, 6 BAD_REQUEST, 7 INTERNAL, 8 FORBIDDEN (version 2)
+//!                         5 TOO_LARGE, 6 BAD_REQUEST, 7 INTERNAL, 8 FORBIDDEN (version 2),
+//!                         9 UNSUPPORTED (RDMA kinds at a node or on a connection without RDMA)
 //!     10    2 reserved    0
 //!     12    4 len         u32: READ with OK → the request's len; otherwise 0
 //!     16    8 term        u64, the highest term the server has seen (a client seeing STALE_TERM
@@ -81,6 +82,25 @@
 //! BAD_REQUEST; `len` above the cap: TOO_LARGE) is answered and the connection closed, since the
 //! body length cannot be relied on. A write is acknowledged only once its body is in segment
 //! memory; a write whose term was superseded while its body was arriving answers STALE_TERM.
+//!
+//! # RDMA (the `rdma` feature of the sidecar; `docs/rdma.md`)
+//!
+//! A connection past its handshake may be upgraded to carry slices over an RDMA queue pair,
+//! keeping the TCP connection as its control path:
+//!
+//! * `RDMA_CONNECT` (kind 3): `len` is the length of the body that follows, an
+//!   [`crate::rdma::Offer`] (at most [`crate::rdma::MAX_MSG_LEN`]); every other field is 0.
+//!   The server answers OK with `len` bytes of [`crate::rdma::Accept`] after the reply (its
+//!   queue pair, its segment's registration for RDMA READ, and the connection's staging window
+//!   for RDMA WRITE), or UNSUPPORTED with no body (no RDMA at the node, or no port the
+//!   client's device can reach): the connection stays a TCP one. A node that predates the
+//!   kind answers BAD_REQUEST and closes the connection.
+//! * Reads are one-sided RDMA READs of the segment's registration; no request crosses TCP.
+//! * `RDMA_COMMIT` (kind 4): the header of a write, no body. The client has placed the bytes
+//!   at the start of the connection's staging window with RDMA WRITE (and seen the
+//!   completion); the server admits the slice exactly as a WRITE (range, grant, term, fence)
+//!   and copies the window into the segment, then replies. The segment itself is never
+//!   registered for remote writes.
 
 use crate::grant::{Grant, MAC_LEN};
 
@@ -318,6 +338,13 @@ pub fn negotiate(client_version: u16) -> Result<u16, RefuseReason> {
 pub enum Kind {
     Write = 1,
     Read = 2,
+    /// Upgrade this connection to an RDMA queue pair ([`crate::rdma`]): the body (`len`
+    /// bytes) is an [`crate::rdma::Offer`], a successful reply carries an
+    /// [`crate::rdma::Accept`] of `len` bytes.
+    RdmaConnect = 3,
+    /// A write whose body the client already placed in the connection's RDMA staging window
+    /// with RDMA WRITE: the header of a write, no body.
+    RdmaCommit = 4,
 }
 
 /// A request header (both kinds share the layout).
@@ -365,6 +392,8 @@ impl Request {
         let kind = match b[0] {
             1 => Kind::Write,
             2 => Kind::Read,
+            3 => Kind::RdmaConnect,
+            4 => Kind::RdmaCommit,
             k => return Err(WireError::UnknownKind(k)),
         };
         if b[1..4] != [0, 0, 0] {
@@ -420,6 +449,10 @@ pub enum Status {
     /// The request carries no grant of the leader for this slice, or one that does not verify
     /// (version 2).
     Forbidden = 8,
+    /// The node does not serve this request kind on this connection (an RDMA upgrade asked of
+    /// a node without RDMA, a commit on a connection that is not RDMA): the connection stays
+    /// usable for TCP slices.
+    Unsupported = 9,
 }
 
 impl Status {
@@ -434,6 +467,7 @@ impl Status {
             6 => Status::BadRequest,
             7 => Status::Internal,
             8 => Status::Forbidden,
+            9 => Status::Unsupported,
             c => return Err(WireError::UnknownStatus(c)),
         })
     }
@@ -449,6 +483,7 @@ impl Status {
             Status::BadRequest => "BAD_REQUEST",
             Status::Internal => "INTERNAL",
             Status::Forbidden => "FORBIDDEN",
+            Status::Unsupported => "UNSUPPORTED",
         }
     }
 }

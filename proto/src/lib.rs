@@ -11,6 +11,8 @@
 //! * [`fdpass`] — file descriptors over a Unix socket (SCM_RIGHTS).
 //! * [`uds`] — the client-to-sidecar protocol: opcodes and messages (`proto/uds.proto`).
 //! * [`dataplane`] — the sidecar-to-sidecar data-plane wire protocol (handshake, slices).
+//! * [`rdma`] — the RDMA upgrade of a data-plane connection: the queue pairs, the segment's
+//!   registration and the staging window each end tells the other.
 //! * [`grant`] — the leader's grants of segment extents that the data plane checks (MACs).
 //! * [`units`] — parsing of sizes (`1GiB`) and durations (`500ms`) in flags and config files.
 //! * [`shutdown`] — [`shutdown::Shutdown`], how tasks learn that the process is stopping.
@@ -51,6 +53,7 @@ pub mod fdpass;
 pub mod frame;
 pub mod grant;
 pub mod net;
+pub mod rdma;
 pub mod sdnotify;
 pub mod shutdown;
 pub mod uds;

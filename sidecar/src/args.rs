@@ -46,6 +46,17 @@ pub struct Args {
     /// Connections per (local NIC, remote NIC) pair.
     #[arg(long, env = "REGOLITH_CONNS_PER_NIC_PAIR")]
     pub conns_per_nic_pair: Option<usize>,
+    /// Data-plane transport: auto (RDMA to peers where both ends have an active port, TCP
+    /// elsewhere), tcp, or rdma (RDMA or nothing). docs/rdma.md.
+    #[arg(long, env = "REGOLITH_TRANSPORT")]
+    pub transport: Option<String>,
+    /// An RDMA device to use, e.g. mlx5_0 (repeatable or comma-separated, in rail order).
+    /// Default: every device with an active port.
+    #[arg(long = "rdma-device", env = "REGOLITH_RDMA_DEVICE", value_delimiter = ',')]
+    pub rdma_devices: Vec<String>,
+    /// Memory the staging windows of peers' RDMA writes may take together, e.g. 256MiB.
+    #[arg(long, env = "REGOLITH_RDMA_STAGING_BYTES")]
+    pub rdma_staging_bytes: Option<String>,
     /// The Unix socket local clients connect to.
     #[arg(long, env = "REGOLITH_SOCKET")]
     pub socket: Option<PathBuf>,
@@ -131,6 +142,9 @@ pub struct FileConfig {
     pub data_port: Option<u16>,
     pub slice_size: Option<String>,
     pub conns_per_nic_pair: Option<usize>,
+    pub transport: Option<String>,
+    pub rdma_device: Option<Vec<String>>,
+    pub rdma_staging_bytes: Option<String>,
     pub socket: Option<PathBuf>,
     pub socket_group: Option<String>,
     pub handover_socket: Option<PathBuf>,
@@ -177,6 +191,11 @@ pub struct Settings {
     pub data_port: u16,
     pub slice_size: u32,
     pub conns_per_nic_pair: usize,
+    /// `--transport`.
+    pub transport: crate::transport::rdma::TransportMode,
+    /// `--rdma-device`, in order.
+    pub rdma_devices: Vec<String>,
+    pub rdma_staging_bytes: u64,
     pub socket: PathBuf,
     pub socket_group: Option<String>,
     pub metrics_addr: SocketAddr,
@@ -337,6 +356,43 @@ impl Args {
         if conns == 0 || conns > 64 {
             return Err(cfg(format!("--conns-per-nic-pair {conns}: must be 1..=64")));
         }
+        let transport = match self
+            .transport
+            .or(file.transport)
+            .as_deref()
+            .unwrap_or("auto")
+        {
+            "auto" => crate::transport::rdma::TransportMode::Auto,
+            "tcp" => crate::transport::rdma::TransportMode::Tcp,
+            "rdma" => crate::transport::rdma::TransportMode::Rdma,
+            other => {
+                return Err(cfg(format!(
+                    "--transport {other:?}: auto, tcp or rdma"
+                )))
+            }
+        };
+        let rdma_devices = if self.rdma_devices.is_empty() {
+            file.rdma_device.unwrap_or_default()
+        } else {
+            self.rdma_devices
+        };
+        for d in &rdma_devices {
+            if !regolith_proto::rdma::valid_device_name(d) {
+                return Err(cfg(format!(
+                    "--rdma-device {d:?}: not a device name (1 to 64 of A-Z a-z 0-9 _ . -)"
+                )));
+            }
+        }
+        let rdma_staging_bytes = size(
+            "rdma-staging-bytes",
+            self.rdma_staging_bytes.or(file.rdma_staging_bytes),
+            256 << 20,
+        )?;
+        if rdma_staging_bytes < u64::from(regolith_proto::rdma::MIN_WINDOW) {
+            return Err(cfg(format!(
+                "--rdma-staging-bytes {rdma_staging_bytes}: at least 64KiB"
+            )));
+        }
         let metrics_addr: SocketAddr = self
             .metrics_addr
             .or(file.metrics_addr)
@@ -421,6 +477,9 @@ impl Args {
             data_port,
             slice_size: slice as u32,
             conns_per_nic_pair: conns,
+            transport,
+            rdma_devices,
+            rdma_staging_bytes,
             socket,
             socket_group: self.socket_group.or(file.socket_group),
             metrics_addr,

@@ -357,6 +357,7 @@ impl Serving {
             node_id: side.node_id(),
             token: side.settings.token.as_ref().map(|t| t.as_bytes().to_vec()),
             tls: side.settings.tls.clone(),
+            rdma: side.rdma.server(),
             ..ServerConfig::default()
         };
         let server = TcpServer::start_on(

@@ -37,6 +37,11 @@ pub fn status_json(side: &Sidecar) -> serde_json::Value {
         "highest_term_seen": side.store.tracker.highest_term(),
         "grants_enforced": side.store.tracker.grants_enforced(),
         "tls": side.settings.tls.is_some(),
+        "transport": {
+            "mode": side.rdma.cfg.mode.to_string(),
+            "rdma_ports": side.rdma.port_names(),
+            "tcp_only_because": side.rdma.tcp_reason,
+        },
         "instance_id": side.instance_id,
         "puts": side.store.puts.load(Ordering::Relaxed),
         "gets": side.store.gets.load(Ordering::Relaxed),
@@ -57,6 +62,7 @@ fn refresh(side: &Sidecar) {
             .with_label_values(&[reason])
             .set(n.load(Ordering::Relaxed) as i64);
     }
+    refresh_rdma(side);
     for n in side.transport_stats.snapshot() {
         let nic = n.addr.to_string();
         side.metrics
@@ -75,6 +81,29 @@ fn refresh(side: &Sidecar) {
             .nic_failed_conns
             .with_label_values(&[&nic])
             .set(n.failed_conns as i64);
+    }
+}
+
+fn refresh_rdma(side: &Sidecar) {
+    let m = &side.metrics;
+    let st = &side.rdma.stats;
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as i64;
+    m.rdma_enabled.set(get(&st.enabled));
+    m.rdma_fallbacks.set(get(&st.fallbacks));
+    m.rdma_refused.set(get(&st.refused));
+    for (port, c) in st.snapshot() {
+        for (op, bytes, ops) in [
+            ("read", &c.read_bytes, &c.reads),
+            ("write", &c.write_bytes, &c.writes),
+            ("commit", &c.commit_bytes, &c.commits),
+        ] {
+            m.rdma_bytes.with_label_values(&[&port, op]).set(get(bytes));
+            m.rdma_ops.with_label_values(&[&port, op]).set(get(ops));
+        }
+        m.rdma_errors.with_label_values(&[&port]).set(get(&c.errors));
+        m.rdma_connections
+            .with_label_values(&[&port])
+            .set(get(&c.connections));
     }
 }
 

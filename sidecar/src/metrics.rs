@@ -23,6 +23,13 @@ pub struct Metrics {
     pub nic_retries: IntGaugeVec,
     pub nic_failed_conns: IntGaugeVec,
     pub data_plane_refusals: IntGaugeVec,
+    pub rdma_enabled: IntGauge,
+    pub rdma_bytes: IntGaugeVec,
+    pub rdma_ops: IntGaugeVec,
+    pub rdma_errors: IntGaugeVec,
+    pub rdma_connections: IntGaugeVec,
+    pub rdma_fallbacks: IntGauge,
+    pub rdma_refused: IntGauge,
     pub checksum_mismatches: IntCounter,
     pub clients: IntGauge,
     pub segment_bytes: IntGauge,
@@ -147,6 +154,38 @@ impl Metrics {
                 "data_plane_refusals",
                 "Data-plane connections and requests this node's server refused, by reason (busy, evicted_pending, bad_grant)",
                 &["reason"],
+            ),
+            rdma_enabled: g(
+                "rdma_enabled",
+                "1 when this node moves slices over RDMA where the peer can (ports open), 0 when it speaks TCP only",
+            ),
+            rdma_bytes: gv(
+                "rdma_bytes",
+                "Bytes moved over RDMA per port (device:port): read = RDMA READs issued, write = RDMA WRITEs issued, commit = peers' writes copied from staging into the segment",
+                &["device", "op"],
+            ),
+            rdma_ops: gv(
+                "rdma_ops",
+                "Slices moved over RDMA per port, by op (read, write, commit)",
+                &["device", "op"],
+            ),
+            rdma_errors: gv(
+                "rdma_errors",
+                "RDMA work requests or connection set-ups that failed, per port",
+                &["device"],
+            ),
+            rdma_connections: gv(
+                "rdma_connections",
+                "Data-plane connections upgraded to RDMA on each port (as client or server)",
+                &["device"],
+            ),
+            rdma_fallbacks: g(
+                "rdma_fallbacks",
+                "Connections that stayed on TCP because the peer could not upgrade (auto mode)",
+            ),
+            rdma_refused: g(
+                "rdma_refused_upgrades",
+                "RDMA upgrades this node refused as a server (no port on the peer's link layer, no staging room, bad offer)",
             ),
             checksum_mismatches: c(
                 "checksum_mismatches_total",

@@ -32,6 +32,8 @@ pub struct Sidecar {
     /// Short attempts: a heartbeat that waits long on a dead leader misses the node TTL.
     pub hb_client: MetadClient,
     pub transport_stats: Arc<TransportStats>,
+    /// The RDMA side of the data plane (TCP only when the node has none).
+    pub rdma: Arc<crate::transport::rdma::RdmaNode>,
     pub metrics: Arc<Metrics>,
     pub instance_id: u64,
     pub data_addrs: Vec<String>,

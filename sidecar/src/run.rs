@@ -20,6 +20,7 @@ use crate::node::{self, Sidecar};
 use crate::ops::Store;
 use crate::segment::{Segment, SegmentOptions};
 use crate::tracker::Tracker;
+use crate::transport::rdma::{NodeTransport, RdmaConfig, RdmaNode};
 use crate::transport::tcp::{TcpConfig, TcpTransport};
 use crate::transport::{DataClient, StripeConfig, TransportStats};
 use crate::watch::NodeIndex;
@@ -215,14 +216,26 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     let transport_stats = TransportStats::with_observer(Arc::new(Observer(metrics.clone())));
     let tracker = start.tracker.clone();
     let token = settings.token.as_ref().map(|t| t.as_bytes().to_vec());
-    let transport = TcpTransport::new(
-        TcpConfig {
-            node_id,
-            token,
-            tls: settings.tls.clone(),
-            ..TcpConfig::default()
-        },
-        transport_stats.clone(),
+    let rdma = RdmaNode::start(RdmaConfig {
+        mode: settings.transport,
+        devices: settings.rdma_devices.clone(),
+        staging_bytes: settings.rdma_staging_bytes,
+        max_slice: settings.slice_size,
+    })?;
+    if !segment.is_empty() {
+        rdma.attach_segment(&segment)?;
+    }
+    let transport = NodeTransport::new(
+        TcpTransport::new(
+            TcpConfig {
+                node_id,
+                token,
+                tls: settings.tls.clone(),
+                ..TcpConfig::default()
+            },
+            transport_stats.clone(),
+        ),
+        rdma.clone(),
     );
     let stripe = StripeConfig {
         local_nics: settings.nics.clone(),
@@ -248,6 +261,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         metad,
         hb_client,
         transport_stats,
+        rdma,
         metrics,
         instance_id: rand::random(),
         data_addrs: start.data_addrs.clone(),

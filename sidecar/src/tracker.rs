@@ -381,6 +381,10 @@ impl Drop for Guard {
 pub struct TrackerAdmission(pub Arc<Tracker>);
 
 impl Admission for TrackerAdmission {
+    fn generation(&self) -> u64 {
+        self.0.generation()
+    }
+
     fn admit_write(&self, req: &Request) -> Result<WriteGuard, Status> {
         let t = &self.0;
         if req.generation != t.generation() {

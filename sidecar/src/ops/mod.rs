@@ -25,7 +25,7 @@ use regolith_proto::uds::pb::Code;
 use crate::metrics::Metrics;
 use crate::segment::Segment;
 use crate::tracker::Tracker;
-use crate::transport::tcp::TcpTransport;
+use crate::transport::rdma::NodeTransport;
 use crate::transport::DataClient;
 use crate::watch::NodeIndex;
 
@@ -158,7 +158,7 @@ pub struct Store {
     /// This node's segment (empty on a consumer-only node).
     pub segment: Arc<Segment>,
     pub tracker: Arc<Tracker>,
-    pub data: DataClient<TcpTransport>,
+    pub data: DataClient<NodeTransport>,
     pub metrics: Arc<Metrics>,
     /// The node's object index (answers exists and gets while synced).
     pub index: Arc<NodeIndex>,
@@ -174,7 +174,7 @@ impl Store {
         node_id: u64,
         segment: Arc<Segment>,
         tracker: Arc<Tracker>,
-        data: DataClient<TcpTransport>,
+        data: DataClient<NodeTransport>,
         metrics: Arc<Metrics>,
     ) -> Self {
         Store {

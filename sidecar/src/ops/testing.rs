@@ -19,6 +19,7 @@ use super::Store;
 use crate::metrics::Metrics;
 use crate::segment::{HugePages, Segment, SegmentOptions};
 use crate::tracker::Tracker;
+use crate::transport::rdma::NodeTransport;
 use crate::transport::tcp::{TcpConfig, TcpTransport};
 use crate::transport::{DataClient, StripeConfig, TransportStats};
 
@@ -254,13 +255,13 @@ pub fn segment(name: &str, size: u64) -> Arc<Segment> {
 /// real TCP data plane.
 pub fn store(metad: Arc<FakeMetad>, segment_size: u64) -> Store {
     let stats = TransportStats::new();
-    let transport = TcpTransport::new(
+    let transport = NodeTransport::tcp_only(TcpTransport::new(
         TcpConfig {
             node_id: LOCAL,
             ..TcpConfig::default()
         },
         stats.clone(),
-    );
+    ));
     let data = DataClient::new(transport, StripeConfig::default(), stats).expect("data client");
     Store::new(
         metad,

@@ -82,6 +82,10 @@ pub trait Admission: Send + Sync + 'static {
 
     /// The highest term seen, echoed in every reply.
     fn highest_term(&self) -> u64;
+
+    /// The segment generation this node serves now (told to peers that upgrade to RDMA,
+    /// whose reads the node does not see).
+    fn generation(&self) -> u64;
 }
 
 #[derive(Debug, Default)]
@@ -180,6 +184,10 @@ impl Drop for BasicGuard {
 }
 
 impl Admission for BasicAdmission {
+    fn generation(&self) -> u64 {
+        self.inner.generation.load(Ordering::Acquire)
+    }
+
     fn admit_write(&self, req: &Request) -> Result<WriteGuard, Status> {
         self.check_generation(req)?;
         self.inner.grants.check(Kind::Write, req)?;

@@ -2,12 +2,14 @@
 //! NIC pair of the two nodes.
 //!
 //! * [`Transport`] / [`Connection`] — what a transport provides: dial a NIC pair (handshake
-//!   included), then write or read one slice on a connection. TCP ([`tcp`]) is the default;
-//!   RDMA can plug in behind the same traits.
+//!   included), then write or read one slice on a connection. TCP ([`tcp`]) always; RDMA
+//!   ([`rdma`]) upgrades a TCP connection where both ends can.
 //! * [`plan`] — sans-I/O: slicing, NIC pair order, back-off, per-transfer retry bookkeeping.
 //! * [`stripe`] — [`stripe::DataClient`]: the connection pool per peer and the driver that runs
 //!   a transfer's slices in parallel over all pairs, retrying a failed connection's slices on
 //!   other pairs.
+//! * [`rdma`] — the RDMA upgrade of a connection (feature `rdma`; `docs/rdma.md`) and
+//!   [`rdma::NodeTransport`], the transport a sidecar dials with.
 //! * [`admission`] — the server's admission check ([`admission::Admission`]).
 //! * [`stats`] — per-NIC counters and the transfer-latency hook.
 //! * [`stream`] — a connection's bytes: TCP in clear or mutual TLS.
@@ -22,6 +24,7 @@ use crate::error::Result;
 
 pub mod admission;
 pub mod plan;
+pub mod rdma;
 pub mod stats;
 pub mod stream;
 pub mod stripe;

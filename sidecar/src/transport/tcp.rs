@@ -44,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::admission::Admission;
+use super::rdma::{RdmaServer, RdmaSession};
 use super::stats::{NicCounters, TransportStats};
 use super::stream::DataStream;
 use super::{Connection, NicPair, SliceError, SliceSpec, Transport};
@@ -354,6 +355,84 @@ impl TcpConnection {
     }
 }
 
+impl TcpConnection {
+    /// One slice's request-to-reply bound.
+    pub fn io_timeout(&self) -> Duration {
+        self.io_timeout
+    }
+
+    /// Sends `RDMA_CONNECT` with `offer`: `Ok(Ok(accept))` with the peer's answer,
+    /// `Ok(Err(status))` when it refused (UNSUPPORTED leaves the connection usable),
+    /// `Err` when the connection broke.
+    pub async fn rdma_connect(
+        &mut self,
+        offer: &[u8],
+    ) -> std::result::Result<std::result::Result<Vec<u8>, Status>, SliceError> {
+        if self.version < 2 {
+            // A version-1 peer predates the upgrade; asking would close the connection.
+            return Ok(Err(Status::Unsupported));
+        }
+        let req_id = self.next_req;
+        self.next_req += 1;
+        let req = Request {
+            kind: Kind::RdmaConnect,
+            req_id,
+            generation: 0,
+            offset: 0,
+            len: offer.len() as u32,
+            term: 0,
+            res_id: 0,
+            grant: Default::default(),
+        };
+        let t = self.io_timeout;
+        let fut = async {
+            write_all_two(&mut self.stream, &req.encode(), offer)
+                .await
+                .map_err(conn_err)?;
+            self.stream.flush().await.map_err(conn_err)?;
+            let mut b = [0u8; REPLY_LEN];
+            self.stream.read_exact(&mut b).await.map_err(conn_err)?;
+            let reply = Reply::decode(&b).map_err(|e| SliceError::Connection(e.to_string()))?;
+            if reply.req_id != req_id {
+                return Err(SliceError::Connection(format!(
+                    "reply for request {} while waiting for {req_id}",
+                    reply.req_id
+                )));
+            }
+            if reply.status != Status::Ok {
+                return Ok(Err(reply.status));
+            }
+            if reply.len == 0 || reply.len > regolith_proto::rdma::MAX_MSG_LEN {
+                return Err(SliceError::Connection(format!(
+                    "RDMA answer of {} bytes",
+                    reply.len
+                )));
+            }
+            let mut body = vec![0u8; reply.len as usize];
+            self.stream.read_exact(&mut body).await.map_err(conn_err)?;
+            Ok(Ok(body))
+        };
+        timeout(t, fut)
+            .await
+            .map_err(|_| SliceError::Connection(format!("RDMA upgrade timed out after {t:?}")))?
+    }
+
+    /// Commits a slice the caller placed in this connection's staging window (`RDMA_COMMIT`).
+    pub async fn rdma_commit(&mut self, spec: SliceSpec) -> std::result::Result<(), SliceError> {
+        let req = self.request(Kind::RdmaCommit, &spec);
+        let t = self.io_timeout;
+        let fut = async {
+            write_flush(&mut self.stream, &req.encode())
+                .await
+                .map_err(conn_err)?;
+            self.read_reply(&req).await.map(drop)
+        };
+        timeout(t, fut)
+            .await
+            .map_err(|_| SliceError::Connection(format!("commit timed out after {t:?}")))?
+    }
+}
+
 fn check_lengths(
     spec: &SliceSpec,
     buf: usize,
@@ -446,6 +525,8 @@ pub struct ServerConfig {
     pub sendfile: bool,
     /// Mutual TLS: every connection's handshake, before the token's.
     pub tls: Option<Tls>,
+    /// Upgrades of connections to RDMA (`RDMA_CONNECT`); `None` answers them UNSUPPORTED.
+    pub rdma: Option<Arc<dyn RdmaServer>>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -462,6 +543,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_pending", &self.max_pending)
             .field("sendfile", &self.sendfile)
             .field("tls", &self.tls.is_some())
+            .field("rdma", &self.rdma.is_some())
             .finish()
     }
 }
@@ -480,6 +562,7 @@ impl Default for ServerConfig {
             max_pending: 256,
             sendfile: true,
             tls: None,
+            rdma: None,
         }
     }
 }
@@ -807,6 +890,7 @@ async fn serve_conn(
         }
     };
     let mut scratch = Vec::new();
+    let mut rdma: Option<Box<dyn RdmaSession>> = None;
     let hdr_len = request_len(version);
     loop {
         let mut hdr_buf = [0u8; REQUEST_LEN];
@@ -831,6 +915,8 @@ async fn serve_conn(
         match req.kind {
             Kind::Write => handle_write(&mut stream, peer, ctx, nic, &req, &mut scratch).await?,
             Kind::Read => handle_read(&mut stream, peer, ctx, nic, &req, &mut scratch).await?,
+            Kind::RdmaConnect => handle_rdma_connect(&mut stream, peer, ctx, &req, &mut rdma).await?,
+            Kind::RdmaCommit => handle_rdma_commit(&mut stream, peer, ctx, &req, rdma.as_deref_mut()).await?,
         }
     }
 }
@@ -1007,6 +1093,115 @@ async fn handle_write(
             verdict.err().unwrap_or(Status::Ok)
         }
     };
+    send_reply(stream, peer, ctx, req, status).await
+}
+
+/// `RDMA_CONNECT`: reads the offer and answers with the upgrade, or UNSUPPORTED (no RDMA at
+/// this node, or nothing to offer this peer) or BAD_REQUEST (a malformed offer, or a second
+/// upgrade of one connection); the connection stays usable for TCP slices either way.
+async fn handle_rdma_connect(
+    stream: &mut DataStream,
+    peer: SocketAddr,
+    ctx: &ServerCtx,
+    req: &Request,
+    session: &mut Option<Box<dyn RdmaSession>>,
+) -> Result<()> {
+    if req.len > regolith_proto::rdma::MAX_MSG_LEN {
+        let hdr = req.encode();
+        let e = WireError::TooLarge {
+            len: req.len,
+            max: regolith_proto::rdma::MAX_MSG_LEN,
+        };
+        return refuse_header(stream, peer, ctx, &hdr, e).await;
+    }
+    let mut body = vec![0u8; req.len as usize];
+    timeout(ctx.cfg.io_timeout, stream.read_exact(&mut body))
+        .await
+        .map_err(timed_out(peer, "read RDMA offer"))?
+        .map_err(io_err(peer, "read RDMA offer"))?;
+    let answer = match (&ctx.cfg.rdma, session.is_some()) {
+        (None, _) => Err(Status::Unsupported),
+        (Some(_), true) => Err(Status::BadRequest),
+        (Some(server), false) => match regolith_proto::rdma::Offer::decode(&body) {
+            Err(e) => {
+                debug!(%peer, "malformed RDMA offer: {e}");
+                Err(Status::BadRequest)
+            }
+            Ok(offer) => server
+                .accept(&offer, ctx.admission.generation())
+                .and_then(|a| match a.accept.encode() {
+                    Ok(bytes) => Ok((bytes, a.session)),
+                    Err(_) => Err(Status::Internal),
+                }),
+        },
+    };
+    let (bytes, s) = match answer {
+        Ok(x) => x,
+        Err(status) => return send_reply(stream, peer, ctx, req, status).await,
+    };
+    let reply = Reply {
+        req_id: req.req_id,
+        status: Status::Ok,
+        len: bytes.len() as u32,
+        term: ctx.admission.highest_term(),
+    };
+    timeout(
+        ctx.cfg.io_timeout,
+        write_all_two(stream, &reply.encode(), &bytes),
+    )
+    .await
+    .map_err(timed_out(peer, "send RDMA answer"))?
+    .map_err(io_err(peer, "send RDMA answer"))?;
+    stream
+        .flush()
+        .await
+        .map_err(io_err(peer, "send RDMA answer"))?;
+    debug!(%peer, "data-plane connection upgraded to RDMA");
+    *session = Some(s);
+    Ok(())
+}
+
+/// `RDMA_COMMIT`: a write whose body is in the connection's staging window. Admitted exactly
+/// as a TCP write, then copied from the window into the segment.
+async fn handle_rdma_commit(
+    stream: &mut DataStream,
+    peer: SocketAddr,
+    ctx: &ServerCtx,
+    req: &Request,
+    session: Option<&mut (dyn RdmaSession + 'static)>,
+) -> Result<()> {
+    let Some(session) = session else {
+        return send_reply(stream, peer, ctx, req, Status::Unsupported).await;
+    };
+    let staged = match session.begin(req.req_id, req.len) {
+        Ok(p) => p,
+        Err(status) => return send_reply(stream, peer, ctx, req, status).await,
+    };
+    let admitted = ctx
+        .segment
+        .range(req.offset, req.len.into())
+        .map_err(|_| Status::OutOfRange)
+        .and_then(|r| ctx.admission.admit_write(req).map(|g| (r, g)));
+    let status = match admitted {
+        Err(status) => {
+            ctx.count_refusal(peer, req, status);
+            status
+        }
+        Ok((range, mut guard)) => {
+            // SAFETY: `staged` is the window's first byte and the window holds at least
+            // `req.len` bytes (checked by `begin`); `range` is `req.len` bytes of the mapped
+            // segment inside a reservation the admission just let this writer fill. The peer
+            // may still scribble on its window: the reader's checksum catches what that does.
+            unsafe { std::ptr::copy_nonoverlapping(staged, range.as_ptr(), range.len()) };
+            let c = session.counters();
+            c.commits.fetch_add(1, Relaxed);
+            c.commit_bytes.fetch_add(u64::from(req.len), Relaxed);
+            let verdict = guard.complete();
+            drop(guard);
+            verdict.err().unwrap_or(Status::Ok)
+        }
+    };
+    session.finish(req.req_id);
     send_reply(stream, peer, ctx, req, status).await
 }
 
