@@ -88,3 +88,29 @@ pub fn dataplane_reply(data: &[u8]) {
         assert_eq!(&r.encode(), b, "Reply decode → encode is not the input");
     }
 }
+
+/// The RDMA upgrade messages (`regolith_proto::rdma`): byte 0 picks the offer (even) or the
+/// accept (odd) decoder; whatever decodes must re-encode to the input and validate.
+pub fn rdma_upgrade(data: &[u8]) {
+    let Some((&knob, msg)) = data.split_first() else {
+        return;
+    };
+    if knob % 2 == 0 {
+        if let Ok(o) = regolith_proto::rdma::Offer::decode(msg) {
+            assert!(o.validate().is_ok(), "a decoded offer does not validate");
+            assert_eq!(
+                o.encode().ok().as_deref(),
+                Some(msg),
+                "Offer decode → encode is not the input"
+            );
+        }
+    } else if let Ok(a) = regolith_proto::rdma::Accept::decode(msg) {
+        assert!(a.validate().is_ok(), "a decoded accept does not validate");
+        assert!(a.covers(0, a.seg_len) && !a.covers(0, a.seg_len + 1));
+        assert_eq!(
+            a.encode().ok().as_deref(),
+            Some(msg),
+            "Accept decode → encode is not the input"
+        );
+    }
+}

@@ -7,7 +7,8 @@
 //! * [`uds`] — UDS request bodies (what the sidecar decodes) and reply bodies (what the client
 //!   decodes), by opcode (`regolith_proto::uds`).
 //! * [`dataplane`] — the data-plane handshake (`Hello`, `HelloReply`) and the request (48-byte
-//!   version 1 and 80-byte version 2) and reply headers (`regolith_proto::dataplane`).
+//!   version 1 and 80-byte version 2) and reply headers (`regolith_proto::dataplane`), and the
+//!   RDMA upgrade's offer and accept (`regolith_proto::rdma`).
 //! * [`raft`] — metad's Raft RPC payloads (`regolith_metad::network::decode`).
 //! * [`snapshot`] — the snapshot file a follower installs (`regolith_raft_log`) and the
 //!   state-machine payload inside it (`regolith_metad::state::StateMachine::read_snapshot`).
@@ -66,6 +67,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "dataplane_reply",
         run: dataplane::dataplane_reply,
+    },
+    Target {
+        name: "rdma_upgrade",
+        run: dataplane::rdma_upgrade,
     },
     Target {
         name: "raft_payload",

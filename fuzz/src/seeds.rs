@@ -24,6 +24,7 @@ use regolith_proto::dataplane::{
 };
 use regolith_proto::frame;
 use regolith_proto::grant::Grant;
+use regolith_proto::rdma::{Accept, LinkLayer, Offer, PortAddr};
 use regolith_proto::uds::pb;
 use serde::Serialize;
 
@@ -38,12 +39,55 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "dataplane_hello" => dataplane_hello(),
         "dataplane_request" => dataplane_request(),
         "dataplane_reply" => dataplane_reply(),
+        "rdma_upgrade" => rdma_upgrade(),
         "raft_payload" => raft_payload(),
         "snapshot_file" => snapshot_file(),
         "snapshot_state" => snapshot_state(),
         "sled_record" => sled_record(),
         _ => Vec::new(),
     }
+}
+
+fn rdma_port(link_layer: LinkLayer) -> PortAddr {
+    PortAddr {
+        device: "mlx5_0".into(),
+        port: 1,
+        link_layer,
+        mtu: 5,
+        gid_index: 3,
+        lid: 7,
+        gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 1, 2, 3],
+    }
+}
+
+fn rdma_upgrade() -> Vec<Vec<u8>> {
+    let offer = Offer {
+        port: rdma_port(LinkLayer::Ethernet),
+        qpn: 0x1234,
+        psn: 0x42,
+        stripe: 2,
+        max_slice: 1 << 20,
+    };
+    let accept = Accept {
+        port: rdma_port(LinkLayer::InfiniBand),
+        qpn: 99,
+        psn: 7,
+        generation: 3,
+        seg_addr: 0x7f00_0000_0000,
+        seg_len: 1 << 30,
+        seg_rkey: 0x1111,
+        win_addr: 0x7e00_0000_0000,
+        win_len: 1 << 20,
+        win_rkey: 0x2222,
+    };
+    let mut out = Vec::new();
+    if let Ok(b) = offer.encode() {
+        out.push(prefixed(0, &b));
+    }
+    if let Ok(b) = accept.encode() {
+        out.push(prefixed(1, &b));
+    }
+    out
 }
 
 fn uds_frame() -> Vec<Vec<u8>> {

@@ -60,6 +60,11 @@ fn dataplane_reply() {
 }
 
 #[test]
+fn rdma_upgrade() {
+    fuzz("rdma_upgrade");
+}
+
+#[test]
 fn raft_payload() {
     fuzz("raft_payload");
 }

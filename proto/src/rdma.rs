@@ -286,11 +286,7 @@ impl Accept {
         if self.win_len < MIN_WINDOW || self.win_len > MAX_SLICE_LEN {
             return bad("win_len", "not between 64 KiB and 64 MiB");
         }
-        if self
-            .win_addr
-            .checked_add(u64::from(self.win_len))
-            .is_none()
-        {
+        if self.win_addr.checked_add(u64::from(self.win_len)).is_none() {
             return bad("win_addr", "the window wraps the address space");
         }
         Ok(())
@@ -500,7 +496,10 @@ mod tests {
         for n in 0..good.len() {
             let e = Offer::decode(&good[..n]).unwrap_err();
             assert!(
-                matches!(e, RdmaWireError::Truncated { .. } | RdmaWireError::Invalid { .. }),
+                matches!(
+                    e,
+                    RdmaWireError::Truncated { .. } | RdmaWireError::Invalid { .. }
+                ),
                 "cut at {n}: {e:?}"
             );
         }

@@ -17,6 +17,8 @@ SIDECAR = {
     "nic": "--nic",
     "data_port": "--data-port",
     "metrics_addr": "--metrics-addr",
+    "transport": "--transport",
+    "rdma_device": "--rdma-device",
 }
 
 # `regolith --dir DIR up ...`: the global flag, the subcommand, its flags.

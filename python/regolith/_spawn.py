@@ -108,6 +108,21 @@ def _tail(path: Path, n: int = 20) -> str:
         return ""
 
 
+def transport_args(protocol: str, device_name: str) -> list[str]:
+    """The sidecar's transport flags for Mooncake's ``protocol`` and ``device_name``:
+    ``tcp`` keeps it on TCP; ``rdma`` lets it use RDMA where both ends can (``--transport auto``:
+    TCP to peers without it, and on a machine without a device), on the devices named in
+    ``device_name`` (``"mlx5_0,mlx5_1"``, in rail order) or every device with an active port.
+    Anything else is left to the sidecar's defaults (``--transport auto``)."""
+    p = protocol.strip().lower()
+    if p == "tcp":
+        return sidecar_args(transport="tcp")
+    if p != "rdma":
+        return []
+    devices = ",".join(d.strip() for d in device_name.split(",") if d.strip())
+    return sidecar_args(transport="auto", rdma_device=devices or None)
+
+
 class SpawnedSidecar:
     """A running private sidecar."""
 
@@ -126,6 +141,8 @@ class SpawnedSidecar:
         segment_size: int,
         binary: str = "",
         timeout: float | None = None,
+        protocol: str = "",
+        device_name: str = "",
     ) -> "SpawnedSidecar":
         if not metad:
             raise ConnectError(
@@ -136,6 +153,7 @@ class SpawnedSidecar:
         tmp = Path(tempfile.mkdtemp(prefix="regolith-sidecar-"))
         sock, log = tmp / "sidecar.sock", tmp / "sidecar.log"
         args = cls._args(exe, node_name, metad, segment_size, sock, tmp / "state")
+        args += transport_args(protocol, device_name)
         logger.info("starting a private sidecar: %s", " ".join(args))
         with open(log, "ab") as f:
             popen = subprocess.Popen(

@@ -93,8 +93,9 @@ def _note_protocol(protocol: str) -> None:
         )
     else:
         logger.info(
-            "protocol 'rdma': the node's sidecar chooses the transport (RDMA where it was "
-            "built with it and given the devices, TCP otherwise)"
+            "protocol 'rdma': the node's sidecar chooses the transport (RDMA to peers where "
+            "both ends have an active port and it was built with the rdma feature, TCP "
+            "otherwise; a sidecar setup() starts gets --rdma-device from device_name)"
         )
 
 
@@ -156,6 +157,8 @@ class MooncakeDistributedStore:
             metad=cfg.master_server_address,
             segment_size=cfg.global_segment_size,
             binary=cfg.sidecar_bin,
+            protocol=cfg.protocol,
+            device_name=cfg.device_name,
         )
         try:
             return Client(str(self._sidecar.socket), staging_size=cfg.local_buffer_size, name=name)

@@ -64,6 +64,42 @@ def test_spawn_from_the_environment(spawn_env, monkeypatch):
     s.close()
 
 
+def test_protocol_and_device_name_become_the_sidecars_transport_flags():
+    from regolith._spawn import transport_args
+
+    assert transport_args("tcp", "mlx5_0") == ["--transport", "tcp"]
+    assert transport_args("rdma", " mlx5_0, mlx5_1 ") == [
+        "--transport",
+        "auto",
+        "--rdma-device",
+        "mlx5_0,mlx5_1",
+    ]
+    assert transport_args("RDMA", "") == ["--transport", "auto"]
+    assert transport_args("", "mlx5_0") == []
+
+
+def test_spawned_sidecar_with_protocol_rdma_serves_over_tcp_without_a_device(spawn_env, client):
+    # LMCache's `protocol: "rdma"` and `device_name` reach the spawned sidecar as
+    # `--transport auto --rdma-device mlx5_0`; on a machine without that device it serves over
+    # TCP (and says why in /status) instead of failing.
+    s = mc.MooncakeDistributedStore()
+    cfg = _config(
+        spawn_env,
+        local_hostname="spawned-rdma",
+        protocol="rdma",
+        device_name="mlx5_0",
+        regolith_spawn_sidecar="true",
+    )
+    assert s.setup(cfg) == 0
+    rc = mc.ReplicateConfig()
+    rc.preferred_segment = "spawned-rdma"
+    assert s.put("spawned-rdma-key", b"over tcp", rc) == 0
+    assert client.get("spawned-rdma-key") == b"over tcp"
+    log = s._sidecar.log.read_text()
+    assert "over TCP only" in log, log[-2000:]
+    s.close()
+
+
 def test_spawn_without_a_binary_fails_clearly(spawn_env, monkeypatch):
     monkeypatch.setenv("REGOLITH_SIDECAR_BIN", "/nonexistent/regolith-sidecar")
     monkeypatch.setenv("PATH", "/nonexistent")

@@ -52,7 +52,11 @@ pub struct Args {
     pub transport: Option<String>,
     /// An RDMA device to use, e.g. mlx5_0 (repeatable or comma-separated, in rail order).
     /// Default: every device with an active port.
-    #[arg(long = "rdma-device", env = "REGOLITH_RDMA_DEVICE", value_delimiter = ',')]
+    #[arg(
+        long = "rdma-device",
+        env = "REGOLITH_RDMA_DEVICE",
+        value_delimiter = ','
+    )]
     pub rdma_devices: Vec<String>,
     /// Memory the staging windows of peers' RDMA writes may take together, e.g. 256MiB.
     #[arg(long, env = "REGOLITH_RDMA_STAGING_BYTES")]
@@ -365,11 +369,7 @@ impl Args {
             "auto" => crate::transport::rdma::TransportMode::Auto,
             "tcp" => crate::transport::rdma::TransportMode::Tcp,
             "rdma" => crate::transport::rdma::TransportMode::Rdma,
-            other => {
-                return Err(cfg(format!(
-                    "--transport {other:?}: auto, tcp or rdma"
-                )))
-            }
+            other => return Err(cfg(format!("--transport {other:?}: auto, tcp or rdma"))),
         };
         let rdma_devices = if self.rdma_devices.is_empty() {
             file.rdma_device.unwrap_or_default()

@@ -100,7 +100,9 @@ fn refresh_rdma(side: &Sidecar) {
             m.rdma_bytes.with_label_values(&[&port, op]).set(get(bytes));
             m.rdma_ops.with_label_values(&[&port, op]).set(get(ops));
         }
-        m.rdma_errors.with_label_values(&[&port]).set(get(&c.errors));
+        m.rdma_errors
+            .with_label_values(&[&port])
+            .set(get(&c.errors));
         m.rdma_connections
             .with_label_values(&[&port])
             .set(get(&c.connections));

@@ -237,6 +237,57 @@ async fn bad_requests_get_errors_and_the_server_keeps_serving() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdma_requests_at_a_node_without_rdma_are_answered_unsupported() {
+    init_logs();
+    count_panics();
+    let b = Node::start(2, ips("127.0.0.4", "127.0.0.5"), SEG, GEN).await;
+    let addr = b.server.local_addrs()[0];
+    let (mut s, hello) = raw_connect(addr, TOKEN).await;
+    assert_eq!(hello.verdict, Ok(()));
+
+    // An upgrade with a garbage offer: read in full, answered UNSUPPORTED (this node has no
+    // RDMA), and the connection stays in step.
+    let mut up = req(Kind::RdmaConnect, 1, 0, 0, 20);
+    up.term = 0;
+    up.res_id = 0;
+    s.write_all(&up.encode()).await.unwrap();
+    s.write_all(&[0xAB; 20]).await.unwrap();
+    let r = read_reply(&mut s).await;
+    assert_eq!((r.req_id, r.status, r.len), (1, Status::Unsupported, 0));
+
+    // A commit on a connection that was never upgraded: UNSUPPORTED, nothing written.
+    s.write_all(&req(Kind::RdmaCommit, 2, GEN, 0, 4096).encode())
+        .await
+        .unwrap();
+    let r = read_reply(&mut s).await;
+    assert_eq!((r.req_id, r.status), (2, Status::Unsupported));
+    let mut seg = vec![0u8; 4096];
+    b.segment.read_at(0, &mut seg).unwrap();
+    assert!(seg.iter().all(|&x| x == 0));
+
+    // Still a working TCP connection: a plain read is served.
+    s.write_all(&req(Kind::Read, 3, GEN, 0, 4096).encode())
+        .await
+        .unwrap();
+    let r = read_reply(&mut s).await;
+    assert_eq!((r.req_id, r.status, r.len), (3, Status::Ok, 4096));
+    let mut body = vec![0u8; 4096];
+    s.read_exact(&mut body).await.unwrap();
+
+    // An offer longer than any offer can be is not read: TOO_LARGE and the connection closes.
+    s.write_all(&req(Kind::RdmaConnect, 4, 0, 0, 1 << 20).encode())
+        .await
+        .unwrap();
+    let got = read_to_close(&mut s).await;
+    let r = Reply::decode(&got[..REPLY_LEN].try_into().unwrap()).unwrap();
+    assert_eq!((r.req_id, r.status), (4, Status::TooLarge));
+
+    let a = Node::start(1, ips("127.0.0.2", "127.0.0.3"), 0, 1).await;
+    well_behaved_round_trip(&a, &b).await;
+    assert_eq!(PANICS.load(SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_limit_refuses_with_busy() {
     init_logs();
     let b = Node::start_with(2, ips("127.0.0.4", "127.0.0.5"), SEG, GEN, |sc, _| {

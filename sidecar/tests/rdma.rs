@@ -37,11 +37,19 @@ struct RdmaTestNode {
 }
 
 impl RdmaTestNode {
-    async fn start(id: u64, mode: TransportMode, segment_size: u64) -> regolith_sidecar::Result<Self> {
+    async fn start(
+        id: u64,
+        mode: TransportMode,
+        segment_size: u64,
+    ) -> regolith_sidecar::Result<Self> {
         let ip: std::net::IpAddr = "127.0.0.1".parse().unwrap();
         let segment = Arc::new(
-            Segment::create(&format!("rdma{id}"), segment_size, &SegmentOptions::default())
-                .unwrap(),
+            Segment::create(
+                &format!("rdma{id}"),
+                segment_size,
+                &SegmentOptions::default(),
+            )
+            .unwrap(),
         );
         let rdma = RdmaNode::start(RdmaConfig {
             mode,
@@ -118,7 +126,10 @@ fn hashes(len: usize) -> Vec<u64> {
 }
 
 /// Sum of one counter over every port of a node.
-fn total(node: &RdmaNode, f: impl Fn(&regolith_sidecar::transport::rdma::PortCounters) -> u64) -> u64 {
+fn total(
+    node: &RdmaNode,
+    f: impl Fn(&regolith_sidecar::transport::rdma::PortCounters) -> u64,
+) -> u64 {
     node.stats.snapshot().iter().map(|(_, c)| f(c)).sum()
 }
 
@@ -138,7 +149,9 @@ async fn without_a_device_auto_serves_over_tcp_and_rdma_refuses_to_start() {
     let holder = RdmaTestNode::start(1, TransportMode::Auto, 8 * MIB as u64)
         .await
         .unwrap();
-    let reader = RdmaTestNode::start(2, TransportMode::Auto, 0).await.unwrap();
+    let reader = RdmaTestNode::start(2, TransportMode::Auto, 0)
+        .await
+        .unwrap();
     assert!(!holder.rdma.is_rdma() && !reader.rdma.is_rdma());
     assert!(holder.rdma.tcp_reason.is_some());
     assert!(holder.rdma.server().is_none());
@@ -156,7 +169,13 @@ async fn without_a_device_auto_serves_over_tcp_and_rdma_refuses_to_start() {
     let mut rh = hashes(len);
     reader
         .client
-        .read(&holder.peer(), range(MIB as u64, len), v, &mut back, &mut rh)
+        .read(
+            &holder.peer(),
+            range(MIB as u64, len),
+            v,
+            &mut back,
+            &mut rh,
+        )
         .await
         .unwrap();
     assert!(back == data, "the bytes read back over TCP differ");
@@ -179,8 +198,13 @@ async fn reads_and_writes_move_over_rdma_with_the_checksums_of_tcp() {
     let holder = RdmaTestNode::start(1, TransportMode::Rdma, 64 * MIB as u64)
         .await
         .expect("an RDMA port (set REGOLITH_TEST_RDMA_DEVICE to pick one)");
-    let reader = RdmaTestNode::start(2, TransportMode::Rdma, 0).await.unwrap();
-    for (i, len) in [4096usize, 256 << 10, 16 * MIB, 32 * MIB + 12345].into_iter().enumerate() {
+    let reader = RdmaTestNode::start(2, TransportMode::Rdma, 0)
+        .await
+        .unwrap();
+    for (i, len) in [4096usize, 256 << 10, 16 * MIB, 32 * MIB + 12345]
+        .into_iter()
+        .enumerate()
+    {
         let data = random_bytes(len, i as u64);
         let v = Version {
             term: 1,
@@ -195,7 +219,10 @@ async fn reads_and_writes_move_over_rdma_with_the_checksums_of_tcp() {
             .unwrap();
         let mut in_segment = vec![0u8; len];
         holder.segment.read_at(off, &mut in_segment).unwrap();
-        assert!(in_segment == data, "{len} bytes: the segment holds other bytes");
+        assert!(
+            in_segment == data,
+            "{len} bytes: the segment holds other bytes"
+        );
         let mut back = vec![0u8; len];
         let mut rh = hashes(len);
         reader
@@ -206,10 +233,32 @@ async fn reads_and_writes_move_over_rdma_with_the_checksums_of_tcp() {
         assert!(back == data, "{len} bytes: read back other bytes");
         assert_eq!(wh, rh, "{len} bytes: hashes of write and read differ");
     }
-    assert!(total(&reader.rdma, |c| c.reads.load(std::sync::atomic::Ordering::Relaxed)) > 0);
-    assert!(total(&reader.rdma, |c| c.writes.load(std::sync::atomic::Ordering::Relaxed)) > 0);
-    assert!(total(&holder.rdma, |c| c.commits.load(std::sync::atomic::Ordering::Relaxed)) > 0);
-    assert_eq!(reader.rdma.stats.fallbacks.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert!(
+        total(&reader.rdma, |c| c
+            .reads
+            .load(std::sync::atomic::Ordering::Relaxed))
+            > 0
+    );
+    assert!(
+        total(&reader.rdma, |c| c
+            .writes
+            .load(std::sync::atomic::Ordering::Relaxed))
+            > 0
+    );
+    assert!(
+        total(&holder.rdma, |c| c
+            .commits
+            .load(std::sync::atomic::Ordering::Relaxed))
+            > 0
+    );
+    assert_eq!(
+        reader
+            .rdma
+            .stats
+            .fallbacks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
 }
 
 #[tokio::test]
@@ -219,19 +268,35 @@ async fn a_commit_with_a_stale_term_leaves_the_segment_untouched() {
     let holder = RdmaTestNode::start(1, TransportMode::Rdma, 8 * MIB as u64)
         .await
         .expect("an RDMA port");
-    let writer = RdmaTestNode::start(2, TransportMode::Rdma, 0).await.unwrap();
+    let writer = RdmaTestNode::start(2, TransportMode::Rdma, 0)
+        .await
+        .unwrap();
     holder.admission.observe_term(5);
     let data = random_bytes(MIB, 3);
     let mut wh = hashes(MIB);
     let r = writer
         .client
-        .write(&holder.peer(), range(0, MIB), Version { term: 4, id: 1 }, &data, &mut wh)
+        .write(
+            &holder.peer(),
+            range(0, MIB),
+            Version { term: 4, id: 1 },
+            &data,
+            &mut wh,
+        )
         .await;
     assert!(r.is_err(), "a stale term must be refused over RDMA too");
     let mut seg = vec![0u8; MIB];
     holder.segment.read_at(0, &mut seg).unwrap();
-    assert!(seg.iter().all(|&b| b == 0), "the refused slice reached the segment");
-    assert!(total(&holder.rdma, |c| c.commits.load(std::sync::atomic::Ordering::Relaxed)) == 0);
+    assert!(
+        seg.iter().all(|&b| b == 0),
+        "the refused slice reached the segment"
+    );
+    assert!(
+        total(&holder.rdma, |c| c
+            .commits
+            .load(std::sync::atomic::Ordering::Relaxed))
+            == 0
+    );
 }
 
 #[tokio::test]
@@ -243,8 +308,13 @@ async fn a_peer_without_rdma_is_reached_over_tcp_in_auto() {
     let holder = RdmaTestNode::start(1, TransportMode::Tcp, 8 * MIB as u64)
         .await
         .unwrap();
-    let client = RdmaTestNode::start(2, TransportMode::Auto, 0).await.unwrap();
-    assert!(client.rdma.is_rdma(), "this test needs a port on the client side");
+    let client = RdmaTestNode::start(2, TransportMode::Auto, 0)
+        .await
+        .unwrap();
+    assert!(
+        client.rdma.is_rdma(),
+        "this test needs a port on the client side"
+    );
     let data = random_bytes(2 * MIB, 4);
     let v = Version { term: 1, id: 1 };
     let mut wh = hashes(data.len());
@@ -253,9 +323,18 @@ async fn a_peer_without_rdma_is_reached_over_tcp_in_auto() {
         .write(&holder.peer(), range(0, data.len()), v, &data, &mut wh)
         .await
         .unwrap();
-    assert!(client.rdma.stats.fallbacks.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert!(
+        client
+            .rdma
+            .stats
+            .fallbacks
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
     // Under --transport rdma the same peer is refused.
-    let strict = RdmaTestNode::start(3, TransportMode::Rdma, 0).await.unwrap();
+    let strict = RdmaTestNode::start(3, TransportMode::Rdma, 0)
+        .await
+        .unwrap();
     let mut wh = hashes(data.len());
     assert!(strict
         .client

@@ -915,8 +915,12 @@ async fn serve_conn(
         match req.kind {
             Kind::Write => handle_write(&mut stream, peer, ctx, nic, &req, &mut scratch).await?,
             Kind::Read => handle_read(&mut stream, peer, ctx, nic, &req, &mut scratch).await?,
-            Kind::RdmaConnect => handle_rdma_connect(&mut stream, peer, ctx, &req, &mut rdma).await?,
-            Kind::RdmaCommit => handle_rdma_commit(&mut stream, peer, ctx, &req, rdma.as_deref_mut()).await?,
+            Kind::RdmaConnect => {
+                handle_rdma_connect(&mut stream, peer, ctx, &req, &mut rdma).await?
+            }
+            Kind::RdmaCommit => {
+                handle_rdma_commit(&mut stream, peer, ctx, &req, rdma.as_deref_mut()).await?
+            }
         }
     }
 }

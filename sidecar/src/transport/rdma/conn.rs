@@ -12,7 +12,7 @@ use regolith_proto::dataplane::Status;
 use regolith_proto::rdma::{Accept, Offer};
 
 use super::select::{port_for, server_port, PeerAnswer};
-use super::verbs::{Buffer, Op, Qp};
+use super::verbs::{Buffer, Op, Qp, Transfer};
 use super::window::{StagingWindow, WindowBudget};
 use super::{refused, Accepted, PortCounters, RdmaNode, RdmaServer, RdmaSession};
 use crate::transport::tcp::TcpConnection;
@@ -161,16 +161,16 @@ impl Connection for RdmaConnection {
             });
         }
         if spec.len > 0 {
+            let t = Transfer {
+                op: Op::Read,
+                lkey: self.bounce.lkey(),
+                local: self.bounce.addr(),
+                len: spec.len,
+                rkey: self.remote.seg_rkey,
+                remote: self.remote.seg_addr + spec.offset,
+            };
             self.qp
-                .run(
-                    Op::Read,
-                    self.bounce.lkey(),
-                    self.bounce.addr(),
-                    spec.len,
-                    self.remote.seg_rkey,
-                    self.remote.seg_addr + spec.offset,
-                    self.io_timeout,
-                )
+                .run(t, self.io_timeout)
                 .await
                 .map_err(|e| self.failed(e))?;
         }
@@ -207,16 +207,16 @@ impl Connection for RdmaConnection {
             *h = chunk_hash(seed, s);
         }
         if spec.len > 0 {
+            let t = Transfer {
+                op: Op::Write,
+                lkey: self.bounce.lkey(),
+                local: self.bounce.addr(),
+                len: spec.len,
+                rkey: self.remote.win_rkey,
+                remote: self.remote.win_addr,
+            };
             self.qp
-                .run(
-                    Op::Write,
-                    self.bounce.lkey(),
-                    self.bounce.addr(),
-                    spec.len,
-                    self.remote.win_rkey,
-                    self.remote.win_addr,
-                    self.io_timeout,
-                )
+                .run(t, self.io_timeout)
                 .await
                 .map_err(|e| self.failed(e))?;
         }
@@ -252,7 +252,10 @@ impl RdmaServer for Server {
             return Err(Status::Unsupported);
         };
         let Some(win_len) = node.budget.lock().reserve(offer.max_slice) else {
-            refused(&node.stats, "no room for another staging window (--rdma-staging-bytes)");
+            refused(
+                &node.stats,
+                "no room for another staging window (--rdma-staging-bytes)",
+            );
             return Err(Status::Unsupported);
         };
         let budget = node.budget.clone();

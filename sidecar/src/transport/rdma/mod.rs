@@ -39,10 +39,16 @@ pub mod select;
 pub mod verbs;
 pub mod window;
 
-pub use select::TransportMode;
-use select::{LocalChoice, OncePerPeer, Probe};
 #[cfg(feature = "rdma")]
 use select::PeerOutcome;
+pub use select::TransportMode;
+use select::{LocalChoice, OncePerPeer, Probe};
+
+/// The open ports of a node built with the feature; nothing without it.
+#[cfg(feature = "rdma")]
+type Engine = Arc<verbs::Engine>;
+#[cfg(not(feature = "rdma"))]
+type Engine = std::convert::Infallible;
 
 /// Whether this binary was built with the `rdma` feature.
 pub const BUILT: bool = cfg!(feature = "rdma");
@@ -181,38 +187,44 @@ impl RdmaNode {
             mode: TransportMode::Tcp,
             ..RdmaConfig::default()
         };
-        Self::from_choice(
-            cfg,
-            LocalChoice {
-                ports: Vec::new(),
-                tcp_reason: Some("--transport tcp".into()),
-            },
-        )
-        .expect("a TCP-only node opens nothing")
+        Arc::new(Self::assemble(cfg, Some("--transport tcp".into()), None))
     }
 
     fn from_choice(cfg: RdmaConfig, choice: LocalChoice) -> Result<Arc<RdmaNode>> {
-        let stats = Arc::new(RdmaStats::default());
-        let mut tcp_reason = choice.tcp_reason;
         #[cfg(feature = "rdma")]
-        let engine = if choice.ports.is_empty() {
-            None
+        let (engine, tcp_reason) = if choice.ports.is_empty() {
+            (None, choice.tcp_reason)
         } else {
             match verbs::Engine::open(&choice.ports) {
-                Ok(e) => Some(Arc::new(e)),
+                Ok(e) => (Some(Arc::new(e)), None),
                 Err(e) if cfg.mode == TransportMode::Rdma => {
                     return Err(Error::Config(format!("--transport rdma: {e}")))
                 }
-                Err(e) => {
-                    tcp_reason = Some(e);
-                    None
-                }
+                Err(e) => (None, Some(e)),
             }
         };
         #[cfg(not(feature = "rdma"))]
-        if !choice.ports.is_empty() {
-            tcp_reason = Some("this sidecar was built without the `rdma` feature".into());
+        let (engine, tcp_reason) = match choice.tcp_reason {
+            Some(r) => (None, Some(r)),
+            None => (
+                None,
+                Some("this sidecar was built without the `rdma` feature".to_owned()),
+            ),
+        };
+        let node = Self::assemble(cfg, tcp_reason, engine);
+        match &node.tcp_reason {
+            Some(why) if node.cfg.mode == TransportMode::Auto => {
+                info!(transport = "tcp", "data plane over TCP only: {why}")
+            }
+            Some(_) => {}
+            None => {
+                info!(transport = "rdma", ports = ?node.port_names(), "data plane over RDMA where peers can, TCP elsewhere")
+            }
         }
+        Ok(Arc::new(node))
+    }
+
+    fn assemble(cfg: RdmaConfig, tcp_reason: Option<String>, engine: Option<Engine>) -> RdmaNode {
         let node = RdmaNode {
             #[cfg(feature = "rdma")]
             budget: Arc::new(Mutex::new(window::WindowBudget::new(
@@ -222,24 +234,17 @@ impl RdmaNode {
             #[cfg(feature = "rdma")]
             engine,
             cfg,
-            stats,
+            stats: Arc::new(RdmaStats::default()),
             tcp_reason,
             logged: OncePerPeer::default(),
         };
-        match &node.tcp_reason {
-            Some(why) if node.cfg.mode == TransportMode::Auto => {
-                info!(transport = "tcp", "data plane over TCP only: {why}")
-            }
-            Some(_) => {}
-            None => info!(transport = "rdma", ports = ?node.port_names(), "data plane over RDMA where peers can, TCP elsewhere"),
-        }
-        node.stats
-            .enabled
-            .store(u64::from(node.is_rdma()), Relaxed);
+        #[cfg(not(feature = "rdma"))]
+        let _: Option<Engine> = engine;
+        node.stats.enabled.store(u64::from(node.is_rdma()), Relaxed);
         for p in node.port_names() {
             node.stats.port(&p);
         }
-        Ok(Arc::new(node))
+        node
     }
 
     /// Whether the node moves slices over RDMA at all.

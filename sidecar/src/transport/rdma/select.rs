@@ -168,7 +168,10 @@ pub enum PeerAnswer {
 pub enum PeerOutcome {
     Rdma,
     /// Stay TCP (the same connection, or a fresh one when the peer closed it), for this reason.
-    Tcp { reason: String, redial: bool },
+    Tcp {
+        reason: String,
+        redial: bool,
+    },
     /// `--transport rdma` and the peer cannot: the connection fails with this.
     Refuse(String),
 }
@@ -277,7 +280,10 @@ mod tests {
         let c = choose_local(TransportMode::Auto, &[], probe.clone()).unwrap();
         assert!(c.ports.is_empty());
         let why = c.tcp_reason.unwrap();
-        assert!(why.contains("no active port") && why.contains("mlx5_0:1 down"), "{why}");
+        assert!(
+            why.contains("no active port") && why.contains("mlx5_0:1 down"),
+            "{why}"
+        );
         assert!(choose_local(TransportMode::Rdma, &[], probe).is_err());
     }
 
@@ -299,7 +305,10 @@ mod tests {
         let c = choose_local(TransportMode::Auto, &wanted, probe.clone()).unwrap();
         assert_eq!(c.ports.len(), 1);
         let e = choose_local(TransportMode::Rdma, &wanted, probe.clone()).unwrap_err();
-        assert!(e.contains("mlx5_9 not found") && e.contains("mlx5_1:1 active"), "{e}");
+        assert!(
+            e.contains("mlx5_9 not found") && e.contains("mlx5_1:1 active"),
+            "{e}"
+        );
 
         let only_missing = vec!["ib9".to_string()];
         let c = choose_local(TransportMode::Auto, &only_missing, probe).unwrap();
@@ -315,7 +324,10 @@ mod tests {
         match peer_outcome(TransportMode::Auto, 3, PeerAnswer::Unsupported) {
             PeerOutcome::Tcp { reason, redial } => {
                 assert!(reason.contains("node 3"));
-                assert!(!redial, "an UNSUPPORTED answer leaves the TCP connection usable");
+                assert!(
+                    !redial,
+                    "an UNSUPPORTED answer leaves the TCP connection usable"
+                );
             }
             o => panic!("{o:?}"),
         }
@@ -350,7 +362,10 @@ mod tests {
         assert_eq!(server_port(0, &ours, LinkLayer::InfiniBand), Some(0));
         assert_eq!(server_port(1, &ours, LinkLayer::InfiniBand), Some(2));
         assert_eq!(server_port(7, &ours, LinkLayer::Ethernet), Some(1));
-        assert_eq!(server_port(0, &[LinkLayer::Ethernet], LinkLayer::InfiniBand), None);
+        assert_eq!(
+            server_port(0, &[LinkLayer::Ethernet], LinkLayer::InfiniBand),
+            None
+        );
     }
 
     #[test]

@@ -46,7 +46,9 @@ use super::select::{PortProbe, Probe};
 fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
-        Err(_) => Err(format!("{what}: the verbs library reported a value sideway does not know")),
+        Err(_) => Err(format!(
+            "{what}: the verbs library reported a value sideway does not know"
+        )),
     }
 }
 
@@ -305,10 +307,18 @@ impl Port {
         let mr = guarded("register segment", || {
             // SAFETY: the caller keeps the mapping alive for the registration's life.
             unsafe {
-                self.pd
-                    .reg_mr(ptr as usize, len, AccessFlags::LocalWrite | AccessFlags::RemoteRead)
+                self.pd.reg_mr(
+                    ptr as usize,
+                    len,
+                    AccessFlags::LocalWrite | AccessFlags::RemoteRead,
+                )
             }
-            .map_err(|e| format!("registering the segment ({len} bytes) on {}: {e}", self.name()))
+            .map_err(|e| {
+                format!(
+                    "registering the segment ({len} bytes) on {}: {e}",
+                    self.name()
+                )
+            })
         })?;
         *self.segment.lock() = Some(mr);
         Ok(())
@@ -431,6 +441,18 @@ pub enum Op {
     Write,
 }
 
+/// One one-sided transfer: `len` bytes between local memory `local` (registered, `lkey`) and
+/// the peer's `remote` (`rkey`).
+#[derive(Clone, Copy, Debug)]
+pub struct Transfer {
+    pub op: Op,
+    pub lkey: u32,
+    pub local: u64,
+    pub len: u32,
+    pub rkey: u32,
+    pub remote: u64,
+}
+
 /// A reliable-connection queue pair on one port.
 pub struct Qp {
     qp: Mutex<BasicQueuePair>,
@@ -524,18 +546,16 @@ impl Qp {
         })
     }
 
-    /// One signalled one-sided operation between `local` (registered, `lkey`) and the peer's
-    /// `remote`/`rkey`; waits for its completion at most `within`.
-    pub async fn run(
-        &self,
-        op: Op,
-        lkey: u32,
-        local: u64,
-        len: u32,
-        rkey: u32,
-        remote: u64,
-        within: Duration,
-    ) -> Result<(), String> {
+    /// Posts `t` signalled and waits for its completion at most `within`.
+    pub async fn run(&self, t: Transfer, within: Duration) -> Result<(), String> {
+        let Transfer {
+            op,
+            lkey,
+            local,
+            len,
+            rkey,
+            remote,
+        } = t;
         let done = &self.port.done;
         let (id, rx) = done.expect();
         let posted = guarded("post work request", || {

@@ -176,11 +176,25 @@ mod tests {
         let mut w = StagingWindow::new(MIB);
         assert_eq!(w.state(), WindowState::Idle);
         assert_eq!(w.begin(1, MIB + 1), Err(Status::TooLarge));
-        assert_eq!(w.state(), WindowState::Idle, "a refused commit leaves it idle");
+        assert_eq!(
+            w.state(),
+            WindowState::Idle,
+            "a refused commit leaves it idle"
+        );
         w.begin(2, MIB).unwrap();
-        assert_eq!(w.state(), WindowState::Committing { req_id: 2, len: MIB });
+        assert_eq!(
+            w.state(),
+            WindowState::Committing {
+                req_id: 2,
+                len: MIB
+            }
+        );
         assert_eq!(w.begin(3, 10), Err(Status::BadRequest));
-        assert_eq!(w.finish(3), Err(Status::Internal), "not the request copying");
+        assert_eq!(
+            w.finish(3),
+            Err(Status::Internal),
+            "not the request copying"
+        );
         w.finish(2).unwrap();
         assert_eq!(w.state(), WindowState::Idle);
         assert_eq!(w.commits(), 1);
