@@ -221,6 +221,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         devices: settings.rdma_devices.clone(),
         staging_bytes: settings.rdma_staging_bytes,
         max_slice: settings.slice_size,
+        tls: settings.tls.is_some(),
     })?;
     if !segment.is_empty() {
         rdma.attach_segment(&segment)?;

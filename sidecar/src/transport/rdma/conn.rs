@@ -66,6 +66,17 @@ pub(super) async fn upgrade(
         Ok(a) => a,
         Err(e) => return (Err(PeerAnswer::Failed(format!("its answer: {e}"))), None),
     };
+    if accept.win_len < node.cfg.max_slice {
+        // A slice would not fit the window: the peer's session is open, so close the
+        // connection with it rather than keep a connection whose writes would be refused.
+        return (
+            Err(PeerAnswer::Failed(format!(
+                "staging window of {} bytes is smaller than a slice of {}",
+                accept.win_len, node.cfg.max_slice
+            ))),
+            None,
+        );
+    }
     if let Err(e) = qp.connect(&accept.port, accept.qpn, accept.psn) {
         counters.errors.fetch_add(1, Relaxed);
         return (Err(PeerAnswer::Failed(e)), None);

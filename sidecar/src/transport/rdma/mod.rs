@@ -63,6 +63,8 @@ pub struct RdmaConfig {
     pub staging_bytes: u64,
     /// Largest slice moved over RDMA (the striping's slice size).
     pub max_slice: u32,
+    /// Mutual TLS is configured: `auto` then keeps to TCP ([`select::choose_local`]).
+    pub tls: bool,
 }
 
 impl Default for RdmaConfig {
@@ -72,6 +74,7 @@ impl Default for RdmaConfig {
             devices: Vec::new(),
             staging_bytes: 256 << 20,
             max_slice: 4 << 20,
+            tls: false,
         }
     }
 }
@@ -177,7 +180,8 @@ impl RdmaNode {
         } else {
             probe()
         };
-        let choice = select::choose_local(cfg.mode, &cfg.devices, probe).map_err(Error::Config)?;
+        let choice =
+            select::choose_local(cfg.mode, &cfg.devices, cfg.tls, probe).map_err(Error::Config)?;
         Self::from_choice(cfg, choice)
     }
 
@@ -227,9 +231,11 @@ impl RdmaNode {
     fn assemble(cfg: RdmaConfig, tcp_reason: Option<String>, engine: Option<Engine>) -> RdmaNode {
         let node = RdmaNode {
             #[cfg(feature = "rdma")]
+            // A window holds the largest slice of whichever peer upgrades (their slice sizes
+            // may differ from this node's); the budget bounds the sum.
             budget: Arc::new(Mutex::new(window::WindowBudget::new(
                 cfg.staging_bytes,
-                cfg.max_slice,
+                regolith_proto::dataplane::MAX_SLICE_LEN,
             ))),
             #[cfg(feature = "rdma")]
             engine,
@@ -380,11 +386,12 @@ impl Transport for NodeTransport {
                             reason: why,
                         })
                     }
-                    PeerOutcome::Tcp { reason, redial } => {
+                    PeerOutcome::Tcp { reason } => {
                         self.rdma.fallback(peer_node, &reason);
-                        match (redial, tcp) {
-                            (false, Some(t)) => t,
-                            _ => self.tcp.connect(pair, peer_node).await?,
+                        // The upgrade gives the connection back only while it is in step.
+                        match tcp {
+                            Some(t) => t,
+                            None => self.tcp.connect(pair, peer_node).await?,
                         }
                     }
                 },

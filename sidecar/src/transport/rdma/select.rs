@@ -75,9 +75,12 @@ impl LocalChoice {
 }
 
 /// The node's transport at start. `Err` only for `--transport rdma`, with what is missing.
+/// With mutual TLS configured (`tls`), `auto` keeps to TCP: RDMA moves the bytes in clear on
+/// the fabric, which an operator who asked for TLS did not choose; `rdma` says they did.
 pub fn choose_local(
     mode: TransportMode,
     wanted: &[String],
+    tls: bool,
     probe: Probe,
 ) -> Result<LocalChoice, String> {
     let fallback = |why: String| match mode {
@@ -86,6 +89,12 @@ pub fn choose_local(
     };
     if mode == TransportMode::Tcp {
         return Ok(LocalChoice::tcp("--transport tcp"));
+    }
+    if tls && mode == TransportMode::Auto {
+        return Ok(LocalChoice::tcp(
+            "mutual TLS is configured and RDMA transfers are not encrypted \
+             (--transport rdma moves them over RDMA anyway)",
+        ));
     }
     let ports = match probe {
         Probe::NotBuilt => {
@@ -167,10 +176,9 @@ pub enum PeerAnswer {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PeerOutcome {
     Rdma,
-    /// Stay TCP (the same connection, or a fresh one when the peer closed it), for this reason.
+    /// Stay TCP (the same connection while it is in step, else a fresh one), for this reason.
     Tcp {
         reason: String,
-        redial: bool,
     },
     /// `--transport rdma` and the peer cannot: the connection fails with this.
     Refuse(String),
@@ -178,21 +186,15 @@ pub enum PeerOutcome {
 
 /// The decision for one connection to `node`.
 pub fn peer_outcome(mode: TransportMode, node: u64, answer: PeerAnswer) -> PeerOutcome {
-    let (reason, redial) = match answer {
+    let reason = match answer {
         PeerAnswer::Accepted => return PeerOutcome::Rdma,
-        PeerAnswer::Unsupported => (
-            format!("node {node} has no RDMA port this node can reach"),
-            false,
-        ),
-        PeerAnswer::OldPeer => (
-            format!("node {node} runs a sidecar without the RDMA upgrade"),
-            true,
-        ),
-        PeerAnswer::Failed(e) => (format!("RDMA to node {node} failed: {e}"), true),
+        PeerAnswer::Unsupported => format!("node {node} has no RDMA port this node can reach"),
+        PeerAnswer::OldPeer => format!("node {node} runs a sidecar without the RDMA upgrade"),
+        PeerAnswer::Failed(e) => format!("RDMA to node {node} failed: {e}"),
     };
     match mode {
         TransportMode::Rdma => PeerOutcome::Refuse(format!("--transport rdma: {reason}")),
-        _ => PeerOutcome::Tcp { reason, redial },
+        _ => PeerOutcome::Tcp { reason },
     }
 }
 
@@ -250,6 +252,7 @@ mod tests {
         let c = choose_local(
             TransportMode::Tcp,
             &[],
+            false,
             Probe::Ports(vec![port("mlx5_0", true)]),
         )
         .unwrap();
@@ -264,27 +267,27 @@ mod tests {
             Probe::Failed("Operation not supported (os error 95)".into()),
             Probe::Ports(vec![]),
         ] {
-            let c = choose_local(TransportMode::Auto, &[], probe.clone()).unwrap();
+            let c = choose_local(TransportMode::Auto, &[], false, probe.clone()).unwrap();
             assert!(c.ports.is_empty());
             assert!(c.tcp_reason.is_some(), "{probe:?}");
-            let e = choose_local(TransportMode::Rdma, &[], probe.clone()).unwrap_err();
+            let e = choose_local(TransportMode::Rdma, &[], false, probe.clone()).unwrap_err();
             assert!(e.starts_with("--transport rdma: "), "{e}");
         }
-        let e = choose_local(TransportMode::Rdma, &[], Probe::NotBuilt).unwrap_err();
+        let e = choose_local(TransportMode::Rdma, &[], false, Probe::NotBuilt).unwrap_err();
         assert!(e.contains("without the `rdma` feature"), "{e}");
     }
 
     #[test]
     fn a_device_with_no_active_port_is_not_used() {
         let probe = Probe::Ports(vec![port("mlx5_0", false), port("mlx5_1", false)]);
-        let c = choose_local(TransportMode::Auto, &[], probe.clone()).unwrap();
+        let c = choose_local(TransportMode::Auto, &[], false, probe.clone()).unwrap();
         assert!(c.ports.is_empty());
         let why = c.tcp_reason.unwrap();
         assert!(
             why.contains("no active port") && why.contains("mlx5_0:1 down"),
             "{why}"
         );
-        assert!(choose_local(TransportMode::Rdma, &[], probe).is_err());
+        assert!(choose_local(TransportMode::Rdma, &[], false, probe).is_err());
     }
 
     #[test]
@@ -295,24 +298,36 @@ mod tests {
             port("mlx5_2", false),
         ]);
         let wanted = vec!["mlx5_1".to_string(), "mlx5_0".to_string(), "mlx5_2".into()];
-        let c = choose_local(TransportMode::Auto, &wanted, probe.clone()).unwrap();
+        let c = choose_local(TransportMode::Auto, &wanted, false, probe.clone()).unwrap();
         let names: Vec<_> = c.ports.iter().map(|p| p.device.as_str()).collect();
         assert_eq!(names, ["mlx5_1", "mlx5_0"]);
         assert_eq!(c.tcp_reason, None);
 
         // A name that does not exist: auto uses the others, rdma refuses and lists what exists.
         let wanted = vec!["mlx5_9".to_string(), "mlx5_0".to_string()];
-        let c = choose_local(TransportMode::Auto, &wanted, probe.clone()).unwrap();
+        let c = choose_local(TransportMode::Auto, &wanted, false, probe.clone()).unwrap();
         assert_eq!(c.ports.len(), 1);
-        let e = choose_local(TransportMode::Rdma, &wanted, probe.clone()).unwrap_err();
+        let e = choose_local(TransportMode::Rdma, &wanted, false, probe.clone()).unwrap_err();
         assert!(
             e.contains("mlx5_9 not found") && e.contains("mlx5_1:1 active"),
             "{e}"
         );
 
         let only_missing = vec!["ib9".to_string()];
-        let c = choose_local(TransportMode::Auto, &only_missing, probe).unwrap();
+        let c = choose_local(TransportMode::Auto, &only_missing, false, probe).unwrap();
         assert!(c.tcp_reason.unwrap().contains("named ib9"));
+    }
+
+    #[test]
+    fn with_tls_auto_keeps_to_tcp_and_rdma_is_an_explicit_choice() {
+        let probe = Probe::Ports(vec![port("mlx5_0", true)]);
+        let c = choose_local(TransportMode::Auto, &[], true, probe.clone()).unwrap();
+        assert!(c.ports.is_empty());
+        assert!(c.tcp_reason.unwrap().contains("not encrypted"));
+        let c = choose_local(TransportMode::Rdma, &[], true, probe.clone()).unwrap();
+        assert_eq!(c.ports.len(), 1);
+        let c = choose_local(TransportMode::Auto, &[], false, probe).unwrap();
+        assert_eq!(c.ports.len(), 1);
     }
 
     #[test]
@@ -322,17 +337,11 @@ mod tests {
             PeerOutcome::Rdma
         );
         match peer_outcome(TransportMode::Auto, 3, PeerAnswer::Unsupported) {
-            PeerOutcome::Tcp { reason, redial } => {
-                assert!(reason.contains("node 3"));
-                assert!(
-                    !redial,
-                    "an UNSUPPORTED answer leaves the TCP connection usable"
-                );
-            }
+            PeerOutcome::Tcp { reason } => assert!(reason.contains("node 3 has no RDMA port")),
             o => panic!("{o:?}"),
         }
         match peer_outcome(TransportMode::Auto, 3, PeerAnswer::OldPeer) {
-            PeerOutcome::Tcp { redial, .. } => assert!(redial, "an old peer closed it"),
+            PeerOutcome::Tcp { reason } => assert!(reason.contains("without the RDMA upgrade")),
             o => panic!("{o:?}"),
         }
         for a in [

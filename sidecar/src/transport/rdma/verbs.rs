@@ -232,6 +232,8 @@ fn poll_loop(cq: Arc<BasicCompletionQueue>, done: Arc<Completions>, name: String
 /// One open port.
 pub struct Port {
     pub addr: PortAddr,
+    /// RDMA READs in flight per queue pair, within the device's limits.
+    read_depth: u8,
     ctx: Arc<DeviceContext>,
     pd: Arc<ProtectionDomain>,
     cq: Arc<BasicCompletionQueue>,
@@ -256,6 +258,20 @@ impl Port {
                 .query_port(probe.port)
                 .map_err(|e| format!("querying {}:{}: {e}", probe.device, probe.port))?;
             let (gid_index, gid) = pick_gid(&ctx, probe)?;
+            let dev = ctx
+                .query_device()
+                .map_err(|e| format!("querying {}: {e}", probe.device))?;
+            // RDMA READs in flight per queue pair: ours, bounded by what the device takes as
+            // initiator and as responder.
+            let read_depth = [
+                READ_DEPTH as i32,
+                dev.max_qp_rd_atom(),
+                dev.max_qp_init_rd_atom(),
+            ]
+            .into_iter()
+            .min()
+            .unwrap_or(1)
+            .clamp(1, i32::from(READ_DEPTH)) as u8;
             let pd = ctx
                 .alloc_pd()
                 .map_err(|e| format!("protection domain on {}: {e}", probe.device))?;
@@ -285,6 +301,7 @@ impl Port {
             info!(port = %name, lid = addr.lid, gid_index, mtu = addr.mtu, "RDMA port open");
             Ok(Arc::new(Port {
                 addr,
+                read_depth,
                 ctx,
                 pd,
                 cq,
@@ -461,7 +478,8 @@ pub struct Qp {
 }
 
 const MAX_WR: u32 = 64;
-/// RDMA READs in flight per queue pair, both directions.
+/// RDMA READs in flight per queue pair, both directions, at most (one slice at a time per
+/// connection needs one; the rest is room for a future pipelined connection).
 const READ_DEPTH: u8 = 16;
 
 impl Qp {
@@ -520,7 +538,7 @@ impl Qp {
                 .setup_path_mtu(mtu_of(local.mtu.min(remote.mtu)))
                 .setup_dest_qp_num(qpn)
                 .setup_rq_psn(psn)
-                .setup_max_dest_read_atomic(READ_DEPTH)
+                .setup_max_dest_read_atomic(self.port.read_depth)
                 .setup_min_rnr_timer(12);
             let mut ah = AddressHandleAttribute::new();
             ah.setup_port(local.port)
@@ -540,7 +558,7 @@ impl Qp {
                 .setup_timeout(14)
                 .setup_retry_cnt(7)
                 .setup_rnr_retry(7)
-                .setup_max_read_atomic(READ_DEPTH);
+                .setup_max_read_atomic(self.port.read_depth);
             qp.modify(&a).map_err(|e| format!("to RTS: {e}"))?;
             Ok(())
         })
