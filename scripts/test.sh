@@ -6,22 +6,26 @@
 # time).
 #
 #   ./scripts/test.sh            everything
-#   ./scripts/test.sh ARGS...    only `cargo test --workspace --locked ARGS...`
+#   ./scripts/test.sh ARGS...    only `cargo test --workspace --locked [--features regolith-sidecar/rdma] ARGS...`
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --workspace --locked "$@"
+# The workspace with the sidecar's `rdma` feature (docs/rdma.md): on a machine without an RDMA
+# device every test then also checks that such a build serves over TCP. sideway's build needs
+# cmake and libclang (apt: cmake clang libclang-dev; .ci/run installs them).
+features=()
+if command -v cmake >/dev/null && { command -v clang >/dev/null || ldconfig -p 2>/dev/null | grep -q libclang; }; then
+  features=(--features regolith-sidecar/rdma)
+elif [ "${REGOLITH_REQUIRE_RDMA_BUILD:-0}" = 1 ]; then
+  echo "test.sh: the rdma feature build needs cmake and clang (apt install cmake clang libclang-dev)" >&2
+  exit 1
+else
+  echo "test.sh: building without the sidecar's rdma feature: cmake or clang missing (apt install cmake clang libclang-dev)" >&2
+fi
+cargo test --workspace --locked ${features[@]+"${features[@]}"} "$@"
 if [ $# -eq 0 ]; then
-  # The sidecar with its `rdma` feature (docs/rdma.md): its unit tests (the upgrade's wire,
-  # the staging windows, the transport choice) and the data-plane tests, which on a machine
-  # without an RDMA device check that it falls back to TCP. sideway's build needs cmake and
-  # libclang (apt: cmake clang libclang-dev; .ci/run installs them).
-  if command -v cmake >/dev/null && { command -v clang >/dev/null || ldconfig -p 2>/dev/null | grep -q libclang; }; then
-    cargo test --locked -p regolith-sidecar --features rdma
-  elif [ "${REGOLITH_REQUIRE_RDMA_BUILD:-0}" = 1 ]; then
-    echo "test.sh: the rdma feature build needs cmake and clang (apt install cmake clang libclang-dev)" >&2
-    exit 1
-  else
-    echo "test.sh: skipping the sidecar's rdma feature build: cmake or clang missing (apt install cmake clang libclang-dev)" >&2
+  # The default build of the sidecar too (no rdma feature: what the Python tests run).
+  if [ ${#features[@]} -gt 0 ]; then
+    cargo test --locked -p regolith-sidecar
   fi
   python/ci/test.sh
   REGOLITH_WHEELS_BUILT=1 python/ci/lmcache.sh

@@ -198,6 +198,15 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     // successor, its MAINPID=): a reload may follow at once, and SIGUSR2's default action
     // ends the process.
     let usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2());
+    // The transport first: `--transport rdma` without a usable port fails here, before the
+    // node mounts (or takes over) anything.
+    let rdma = RdmaNode::start(RdmaConfig {
+        mode: settings.transport,
+        devices: settings.rdma_devices.clone(),
+        staging_bytes: settings.rdma_staging_bytes,
+        max_slice: settings.slice_size,
+        tls: settings.tls.is_some(),
+    })?;
     let (metad, hb_client) = node::metad_clients(&settings)?;
     let taken_over = if settings.takeover || settings.takeover_if_running {
         taken(&settings, !settings.takeover).await?
@@ -216,15 +225,16 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     let transport_stats = TransportStats::with_observer(Arc::new(Observer(metrics.clone())));
     let tracker = start.tracker.clone();
     let token = settings.token.as_ref().map(|t| t.as_bytes().to_vec());
-    let rdma = RdmaNode::start(RdmaConfig {
-        mode: settings.transport,
-        devices: settings.rdma_devices.clone(),
-        staging_bytes: settings.rdma_staging_bytes,
-        max_slice: settings.slice_size,
-        tls: settings.tls.is_some(),
-    })?;
     if !segment.is_empty() {
-        rdma.attach_segment(&segment)?;
+        if let Err(e) = rdma.attach_segment(&segment) {
+            if rdma.cfg.mode == crate::transport::rdma::TransportMode::Rdma {
+                if start.uds.is_none() {
+                    unmount_after_failure(&metad, node_id, generation).await;
+                }
+                return Err(e);
+            }
+            tracing::warn!(error = %e, "the segment could not be registered for RDMA: peers read and write it over TCP");
+        }
     }
     let transport = NodeTransport::new(
         TcpTransport::new(

@@ -42,6 +42,24 @@ use tracing::{debug, info, warn};
 
 use super::select::{PortProbe, Probe};
 
+/// An error with its sources ("failed to get device list: Operation not supported"): sideway's
+/// errors say what failed and keep the OS error as their source.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        src = s.source();
+    }
+    out
+}
+
+/// `f` of the error's [`chain`].
+fn why<E: std::error::Error>(e: &E, f: impl FnOnce(String) -> String) -> String {
+    f(chain(e))
+}
+
 /// Runs a verbs call that may panic inside sideway on a value it does not know.
 fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     match catch_unwind(AssertUnwindSafe(f)) {
@@ -64,21 +82,21 @@ fn link_layer(l: sideway::ibverbs::device_context::LinkLayer) -> LinkLayer {
 /// Every port of every device, active or not.
 pub fn probe() -> Probe {
     let r = guarded("probe RDMA devices", || {
-        let list = DeviceList::new().map_err(|e| format!("listing devices: {e}"))?;
+        let list = DeviceList::new().map_err(|e| why(&e, |e| format!("listing devices: {e}")))?;
         let mut out = Vec::new();
         for dev in list.iter() {
             let name = dev.name();
             let ctx = match dev.open() {
                 Ok(c) => c,
                 Err(e) => {
-                    warn!(device = %name, "cannot open RDMA device: {e}");
+                    warn!(device = %name, "cannot open RDMA device: {}", chain(&e));
                     continue;
                 }
             };
             let ports = ctx
                 .query_device()
                 .map(|a| a.phys_port_cnt())
-                .map_err(|e| format!("querying {name}: {e}"))?;
+                .map_err(|e| why(&e, |e| format!("querying {name}: {e}")))?;
             for port in 1..=ports {
                 let Ok(attr) = ctx.query_port(port) else {
                     continue;
@@ -246,21 +264,24 @@ pub struct Port {
 impl Port {
     fn open(probe: &PortProbe) -> Result<Arc<Port>, String> {
         guarded("open RDMA port", || {
-            let list = DeviceList::new().map_err(|e| format!("listing devices: {e}"))?;
+            let list =
+                DeviceList::new().map_err(|e| why(&e, |e| format!("listing devices: {e}")))?;
             let dev = list
                 .iter()
                 .find(|d| d.name() == probe.device)
                 .ok_or_else(|| format!("device {} is gone", probe.device))?;
             let ctx = dev
                 .open()
-                .map_err(|e| format!("opening {}: {e}", probe.device))?;
-            let attr = ctx
-                .query_port(probe.port)
-                .map_err(|e| format!("querying {}:{}: {e}", probe.device, probe.port))?;
+                .map_err(|e| why(&e, |e| format!("opening {}: {e}", probe.device)))?;
+            let attr = ctx.query_port(probe.port).map_err(|e| {
+                why(&e, |e| {
+                    format!("querying {}:{}: {e}", probe.device, probe.port)
+                })
+            })?;
             let (gid_index, gid) = pick_gid(&ctx, probe)?;
             let dev = ctx
                 .query_device()
-                .map_err(|e| format!("querying {}: {e}", probe.device))?;
+                .map_err(|e| why(&e, |e| format!("querying {}: {e}", probe.device)))?;
             // RDMA READs in flight per queue pair: ours, bounded by what the device takes as
             // initiator and as responder.
             let read_depth = [
@@ -272,14 +293,16 @@ impl Port {
             .min()
             .unwrap_or(1)
             .clamp(1, i32::from(READ_DEPTH)) as u8;
-            let pd = ctx
-                .alloc_pd()
-                .map_err(|e| format!("protection domain on {}: {e}", probe.device))?;
+            let pd = ctx.alloc_pd().map_err(|e| {
+                why(&e, |e| {
+                    format!("protection domain on {}: {e}", probe.device)
+                })
+            })?;
             let mut cqb = ctx.create_cq_builder();
             cqb.setup_cqe(4096);
             let cq = cqb
                 .build()
-                .map_err(|e| format!("completion queue on {}: {e}", probe.device))?;
+                .map_err(|e| why(&e, |e| format!("completion queue on {}: {e}", probe.device)))?;
             let addr = PortAddr {
                 device: probe.device.clone(),
                 port: probe.port,
@@ -332,8 +355,9 @@ impl Port {
             }
             .map_err(|e| {
                 format!(
-                    "registering the segment ({len} bytes) on {}: {e}",
-                    self.name()
+                    "registering the segment ({len} bytes) on {}: {}",
+                    self.name(),
+                    chain(&e)
                 )
             })
         })?;
@@ -374,14 +398,16 @@ impl Drop for Port {
 /// else any non-zero; on InfiniBand index 0.
 fn pick_gid(ctx: &Arc<DeviceContext>, probe: &PortProbe) -> Result<(u8, [u8; 16]), String> {
     if probe.link_layer == LinkLayer::InfiniBand {
-        let gid = ctx
-            .query_gid(probe.port, 0)
-            .map_err(|e| format!("GID 0 of {}:{}: {e}", probe.device, probe.port))?;
+        let gid = ctx.query_gid(probe.port, 0).map_err(|e| {
+            why(&e, |e| {
+                format!("GID 0 of {}:{}: {e}", probe.device, probe.port)
+            })
+        })?;
         return Ok((0, gid.raw));
     }
     let table = ctx
         .query_gid_table()
-        .map_err(|e| format!("GID table of {}: {e}", probe.device))?;
+        .map_err(|e| why(&e, |e| format!("GID table of {}: {e}", probe.device)))?;
     let on_port: Vec<_> = table
         .iter()
         .filter(|g| g.port_num() == u32::from(probe.port) && !g.gid().is_zero())
@@ -416,8 +442,11 @@ impl Buffer {
         let ptr = map.as_mut_ptr() as usize;
         let mr = guarded("register buffer", || {
             // SAFETY: the mapping lives in `self` and is dropped after the registration.
-            unsafe { port.pd.reg_mr(ptr, len, access) }
-                .map_err(|e| format!("registering {len} bytes on {}: {e}", port.name()))
+            unsafe { port.pd.reg_mr(ptr, len, access) }.map_err(|e| {
+                why(&e, |e| {
+                    format!("registering {len} bytes on {}: {e}", port.name())
+                })
+            })
         })?;
         Ok(Buffer { mr, map })
     }
@@ -496,7 +525,7 @@ impl Qp {
                 .setup_max_recv_sge(1);
             let qp = b
                 .build()
-                .map_err(|e| format!("queue pair on {}: {e}", port.name()))?;
+                .map_err(|e| why(&e, |e| format!("queue pair on {}: {e}", port.name())))?;
             Ok(Qp {
                 qp: Mutex::new(qp),
                 port: port.clone(),
@@ -531,7 +560,8 @@ impl Qp {
                 .setup_access_flags(
                     AccessFlags::LocalWrite | AccessFlags::RemoteRead | AccessFlags::RemoteWrite,
                 );
-            qp.modify(&a).map_err(|e| format!("to INIT: {e}"))?;
+            qp.modify(&a)
+                .map_err(|e| why(&e, |e| format!("to INIT: {e}")))?;
 
             let mut a = QueuePairAttribute::new();
             a.setup_state(QueuePairState::ReadyToReceive)
@@ -550,7 +580,8 @@ impl Qp {
                     .setup_grh_hop_limit(64);
             }
             a.setup_address_vector(&ah);
-            qp.modify(&a).map_err(|e| format!("to RTR: {e}"))?;
+            qp.modify(&a)
+                .map_err(|e| why(&e, |e| format!("to RTR: {e}")))?;
 
             let mut a = QueuePairAttribute::new();
             a.setup_state(QueuePairState::ReadyToSend)
@@ -559,7 +590,8 @@ impl Qp {
                 .setup_retry_cnt(7)
                 .setup_rnr_retry(7)
                 .setup_max_read_atomic(self.port.read_depth);
-            qp.modify(&a).map_err(|e| format!("to RTS: {e}"))?;
+            qp.modify(&a)
+                .map_err(|e| why(&e, |e| format!("to RTS: {e}")))?;
             Ok(())
         })
     }
@@ -587,7 +619,8 @@ impl Qp {
             // SAFETY: `local` is inside a registration the caller holds until the completion
             // (or until it drops the queue pair, which stops the transfer).
             unsafe { h.setup_sge(lkey, local, len) };
-            g.post().map_err(|e| format!("posting {op:?}: {e}"))
+            g.post()
+                .map_err(|e| why(&e, |e| format!("posting {op:?}: {e}")))
         });
         if let Err(e) = posted {
             done.forget(id);
