@@ -23,7 +23,7 @@ else
 fi
 cargo test --workspace --locked ${features[@]+"${features[@]}"} "$@"
 if [ $# -eq 0 ]; then
-  # The default build of the sidecar too (no rdma feature: what the Python tests run).
+  # The sidecar's default build too (no rdma feature: what `cargo build` gives without cmake).
   if [ ${#features[@]} -gt 0 ]; then
     cargo test --locked -p regolith-sidecar
   fi

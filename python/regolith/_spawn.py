@@ -27,13 +27,18 @@ _live: set["SpawnedSidecar"] = set()
 _live_lock = threading.Lock()
 
 
+def _search_dirs() -> list[Path]:
+    """Where an installed package keeps the sidecar: the wheel's ``regolith/bin/`` (its own
+    binary), the package directory, the interpreter's bin directory (console scripts)."""
+    here = Path(__file__).resolve().parent
+    return [here / "bin", here, Path(sys.executable).parent]
+
+
 def find_binary(explicit: str = "") -> Path:
     """``explicit``, else ``$REGOLITH_SIDECAR_BIN``, else next to the package, else the
     interpreter's bin dir, else ``PATH``."""
     candidates = [explicit, os.environ.get("REGOLITH_SIDECAR_BIN", "")]
-    here = Path(__file__).resolve().parent
-    candidates += [str(here / "bin" / "regolith-sidecar"), str(here / "regolith-sidecar")]
-    candidates.append(str(Path(sys.executable).parent / "regolith-sidecar"))
+    candidates += [str(d / "regolith-sidecar") for d in _search_dirs()]
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return Path(c)

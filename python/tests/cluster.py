@@ -3,7 +3,10 @@
 cluster token and state, in a temp dir, on a free block of ports). It is stopped with SIGTERM
 (``up`` stops its children) and its directory removed.
 
-Binaries: ``$REGOLITH_CLI_BIN`` / ``$REGOLITH_METAD_BIN`` / ``$REGOLITH_SIDECAR_BIN``, else the
+Binaries: with ``REGOLITH_BINARIES=wheel``, the console scripts the installed wheel put beside
+this interpreter (``regolith``, ``regolith-metad``, ``regolith-sidecar``: the wheel's own
+binaries; ``regolith up`` then finds the daemons beside itself). Otherwise
+``$REGOLITH_CLI_BIN`` / ``$REGOLITH_METAD_BIN`` / ``$REGOLITH_SIDECAR_BIN``, else the
 workspace's ``target/release``, else ``target/debug`` (``$CARGO_TARGET_DIR`` when set;
 ``REGOLITH_BIN_PROFILE=debug`` picks one). Build them with
 ``cargo build --release -p regolith-cli -p regolith-metad -p regolith-sidecar``.
@@ -32,7 +35,20 @@ _ENV = {"regolith": "REGOLITH_CLI_BIN", "regolith-metad": "REGOLITH_METAD_BIN",
         "regolith-sidecar": "REGOLITH_SIDECAR_BIN"}  # fmt: skip
 
 
+def from_wheel() -> bool:
+    """Whether the tests run the installed wheel's binaries (``REGOLITH_BINARIES=wheel``)."""
+    return os.environ.get("REGOLITH_BINARIES") == "wheel"
+
+
 def binary(name: str) -> Path:
+    if from_wheel():
+        exe = shutil.which(name, path=str(Path(sys.executable).parent))
+        if exe is None:
+            raise RuntimeError(
+                f"REGOLITH_BINARIES=wheel but no {name} console script beside {sys.executable}: "
+                "is the regolith-kvcache wheel (built with its binaries) installed here?"
+            )
+        return Path(exe)
     env = os.environ.get(_ENV[name])
     if env:
         return Path(env)
@@ -149,13 +165,12 @@ def _base_port() -> int:
 
 def _launch(d: Path, sidecars: int, segment_size: str) -> tuple[subprocess.Popen, Path]:
     log = d / "up.log"
+    # From the wheel, `regolith up` finds the daemons beside itself, as a user's would.
+    bins = {} if from_wheel() else {
+        "metad_bin": binary("regolith-metad"), "sidecar_bin": binary("regolith-sidecar"),
+    }  # fmt: skip
     args = [str(binary("regolith"))] + up_args(
-        d,
-        sidecars=sidecars,
-        segment_size=segment_size,
-        base_port=_base_port(),
-        metad_bin=binary("regolith-metad"),
-        sidecar_bin=binary("regolith-sidecar"),
+        d, sidecars=sidecars, segment_size=segment_size, base_port=_base_port(), **bins
     )
     with open(log, "ab") as f:
         up = subprocess.Popen(

@@ -101,8 +101,12 @@ def test_spawned_sidecar_with_protocol_rdma_serves_over_tcp_without_a_device(spa
 
 
 def test_spawn_without_a_binary_fails_clearly(spawn_env, monkeypatch):
+    import regolith._spawn
+
     monkeypatch.setenv("REGOLITH_SIDECAR_BIN", "/nonexistent/regolith-sidecar")
     monkeypatch.setenv("PATH", "/nonexistent")
+    # Not the binary the installed wheel carries either.
+    monkeypatch.setattr(regolith._spawn, "_search_dirs", lambda: [])
     s = mc.MooncakeDistributedStore()
     with pytest.raises(regolith.ConnectError, match="REGOLITH_SIDECAR_BIN"):
         s.setup(_config(spawn_env, regolith_spawn_sidecar=True))
