@@ -7,7 +7,8 @@
 //!   becomes slices or pointers handed to the kernel.
 //! * [`transport`] — the data plane: the [`transport::Transport`] trait, transport-independent
 //!   slicing and NIC-pair scheduling, the connection pool, per-NIC counters, and
-//!   [`transport::tcp`], the TCP implementation (server and client).
+//!   [`transport::tcp`], the TCP implementation (server and client), and [`transport::rdma`],
+//!   the RDMA upgrade of a connection (feature `rdma`) with the transport a node dials with.
 //! * [`tracker`] — reservations in flight on this segment: admission, heartbeat reports,
 //!   fencing and release of quarantined ones.
 //! * [`ops`] — what local clients ask for, one file per family (puts, gets, keys), on domain
