@@ -12,8 +12,9 @@ cd "$(dirname "$0")/.."
 # The workspace with the sidecar's `rdma` feature (docs/rdma.md): on a machine without an RDMA
 # device every test then also checks that such a build serves over TCP. sideway's build needs
 # cmake and libclang (apt: cmake clang libclang-dev; .ci/run installs them).
+. python/ci/common.sh
 features=()
-if command -v cmake >/dev/null && { command -v clang >/dev/null || ldconfig -p 2>/dev/null | grep -q libclang; }; then
+if rdma_buildable; then
   features=(--features regolith-sidecar/rdma)
 elif [ "${REGOLITH_REQUIRE_RDMA_BUILD:-0}" = 1 ]; then
   echo "test.sh: the rdma feature build needs cmake and clang (apt install cmake clang libclang-dev)" >&2

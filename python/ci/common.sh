@@ -1,19 +1,26 @@
-# Shared by python/ci/test.sh and python/ci/lmcache.sh (sourced, from the repository root).
+# Shared by python/ci/test.sh, python/ci/lmcache.sh and scripts/test.sh (sourced, from the
+# repository root).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 wheels="$CARGO_TARGET_DIR/python-wheels"
 wheels_cp310="$CARGO_TARGET_DIR/python-wheels-cp310"
 
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
 
+# Whether the sidecar's `rdma` feature can be built here: sideway's bindings need cmake and
+# libclang (apt: cmake clang libclang-dev).
+rdma_buildable() {
+  command -v cmake >/dev/null && { command -v clang >/dev/null || ldconfig -p 2>/dev/null | grep -q libclang; }
+}
+
 # The daemons and the CLI the tests start (`regolith up`), with the dev profile (optimised a
 # little, see Cargo.toml): after `cargo test --workspace` this reuses every compiled crate, where
 # a release build would compile the whole stack again (minutes on 2 cores).
 build_daemons() {
-  # The sidecar with the `rdma` feature where it can be built (cmake, clang): it loads
-  # rdma-core at run time and serves over TCP where there is no device (docs/rdma.md), so the
-  # wheel that carries it serves RDMA clusters too.
+  # The sidecar with the `rdma` feature where it can be built: it loads rdma-core at run time
+  # and serves over TCP where there is no device (docs/rdma.md), so the wheel that carries it
+  # serves RDMA clusters too.
   local features=()
-  if command -v cmake >/dev/null && command -v clang >/dev/null; then
+  if rdma_buildable; then
     features=(--features regolith-sidecar/rdma)
   fi
   step "daemons: cargo build -p regolith-cli -p regolith-metad -p regolith-sidecar ${features[*]-}"

@@ -1060,6 +1060,20 @@ async fn send_reply(
         .map_err(io_err(peer, "send reply"))
 }
 
+/// A write's admission, TCP body or RDMA commit alike: the range first, so that a refused
+/// slice leaves no trace (finding 7: a write far out of range with a huge term raised the
+/// node's highest term for good), then the grant, term and fence.
+fn admit_write(
+    ctx: &ServerCtx,
+    req: &Request,
+) -> std::result::Result<(crate::mem::RawRange, super::admission::WriteGuard), Status> {
+    let range = ctx
+        .segment
+        .range(req.offset, req.len.into())
+        .map_err(|_| Status::OutOfRange)?;
+    Ok((range, ctx.admission.admit_write(req)?))
+}
+
 async fn handle_write(
     stream: &mut DataStream,
     peer: SocketAddr,
@@ -1068,20 +1082,13 @@ async fn handle_write(
     req: &Request,
     scratch: &mut Vec<u8>,
 ) -> Result<()> {
-    // The range first: a refused slice must leave no trace (finding 7: a write far out of
-    // range with a huge term raised the node's highest term for good).
-    let admitted = ctx
-        .segment
-        .range(req.offset, req.len.into())
-        .map_err(|_| Status::OutOfRange)
-        .and_then(|_| ctx.admission.admit_write(req));
-    let status = match admitted {
+    let status = match admit_write(ctx, req) {
         Err(status) => {
             ctx.count_refusal(peer, req, status);
             drain(stream, peer, ctx, req.len as usize, scratch).await?;
             status
         }
-        Ok(mut guard) => {
+        Ok((_, mut guard)) => {
             let len = req.len as usize;
             timeout(
                 ctx.cfg.io_timeout,
@@ -1181,12 +1188,7 @@ async fn handle_rdma_commit(
         Ok(p) => p,
         Err(status) => return send_reply(stream, peer, ctx, req, status).await,
     };
-    let admitted = ctx
-        .segment
-        .range(req.offset, req.len.into())
-        .map_err(|_| Status::OutOfRange)
-        .and_then(|r| ctx.admission.admit_write(req).map(|g| (r, g)));
-    let status = match admitted {
+    let status = match admit_write(ctx, req) {
         Err(status) => {
             ctx.count_refusal(peer, req, status);
             status

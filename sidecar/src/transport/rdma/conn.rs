@@ -142,6 +142,22 @@ impl RdmaConnection {
         }
     }
 
+    /// One READ or WRITE of `len` bytes between the bounce buffer and the peer's `remote`.
+    async fn one_sided(&self, op: Op, len: u32, rkey: u32, remote: u64) -> Result<(), SliceError> {
+        let t = Transfer {
+            op,
+            lkey: self.bounce.lkey(),
+            local: self.bounce.addr(),
+            len,
+            rkey,
+            remote,
+        };
+        self.qp
+            .run(t, self.io_timeout)
+            .await
+            .map_err(|e| self.failed(e))
+    }
+
     fn failed(&self, e: String) -> SliceError {
         self.counters.errors.fetch_add(1, Relaxed);
         SliceError::Connection(format!("RDMA on {}: {e}", self.qp.port.name()))
@@ -172,18 +188,9 @@ impl Connection for RdmaConnection {
             });
         }
         if spec.len > 0 {
-            let t = Transfer {
-                op: Op::Read,
-                lkey: self.bounce.lkey(),
-                local: self.bounce.addr(),
-                len: spec.len,
-                rkey: self.remote.seg_rkey,
-                remote: self.remote.seg_addr + spec.offset,
-            };
-            self.qp
-                .run(t, self.io_timeout)
-                .await
-                .map_err(|e| self.failed(e))?;
+            let remote = self.remote.seg_addr + spec.offset;
+            self.one_sided(Op::Read, spec.len, self.remote.seg_rkey, remote)
+                .await?;
         }
         // SAFETY: the READ completed, and nothing else writes the bounce buffer: it is this
         // connection's, registered for local access only.
@@ -218,18 +225,13 @@ impl Connection for RdmaConnection {
             *h = chunk_hash(seed, s);
         }
         if spec.len > 0 {
-            let t = Transfer {
-                op: Op::Write,
-                lkey: self.bounce.lkey(),
-                local: self.bounce.addr(),
-                len: spec.len,
-                rkey: self.remote.win_rkey,
-                remote: self.remote.win_addr,
-            };
-            self.qp
-                .run(t, self.io_timeout)
-                .await
-                .map_err(|e| self.failed(e))?;
+            self.one_sided(
+                Op::Write,
+                spec.len,
+                self.remote.win_rkey,
+                self.remote.win_addr,
+            )
+            .await?;
         }
         self.ctrl.rdma_commit(spec).await?;
         self.counters.writes.fetch_add(1, Relaxed);
@@ -296,7 +298,7 @@ impl RdmaServer for Server {
         Ok(Accepted {
             accept,
             session: Box::new(Session {
-                qp,
+                _qp: qp,
                 window,
                 state: StagingWindow::new(win_len),
                 budget: node.budget.clone(),
@@ -309,7 +311,8 @@ impl RdmaServer for Server {
 /// One upgraded connection at the server. Dropped with its TCP connection: the queue pair is
 /// destroyed first, then the window's registration (its rkey dies with it), then the memory.
 struct Session {
-    qp: Qp,
+    /// Held until the connection ends; dropped first.
+    _qp: Qp,
     window: Buffer,
     state: StagingWindow,
     budget: Arc<Mutex<WindowBudget>>,
@@ -336,6 +339,5 @@ impl Drop for Session {
         if self.state.retire() {
             self.budget.lock().release(self.state.len());
         }
-        let _ = &self.qp;
     }
 }

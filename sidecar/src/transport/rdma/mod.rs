@@ -21,7 +21,7 @@
 //! at the holder, and an `RDMA_COMMIT` over TCP that the holder admits like any write before
 //! it copies the window into the segment.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -49,9 +49,6 @@ use select::{LocalChoice, OncePerPeer, Probe};
 type Engine = Arc<verbs::Engine>;
 #[cfg(not(feature = "rdma"))]
 type Engine = std::convert::Infallible;
-
-/// Whether this binary was built with the `rdma` feature.
-pub const BUILT: bool = cfg!(feature = "rdma");
 
 /// RDMA settings of a sidecar.
 #[derive(Clone, Debug)]
@@ -324,7 +321,7 @@ pub struct NodeTransport {
     tcp: TcpTransport,
     rdma: Arc<RdmaNode>,
     /// Connections dialled, per peer: the stripe index of the next upgrade.
-    stripes: Mutex<std::collections::HashMap<u64, Arc<AtomicU32>>>,
+    stripes: Mutex<std::collections::HashMap<u64, u32>>,
 }
 
 impl NodeTransport {
@@ -346,8 +343,11 @@ impl NodeTransport {
 
     #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
     fn next_stripe(&self, node: u64) -> u32 {
-        let c = self.stripes.lock().entry(node).or_default().clone();
-        c.fetch_add(1, Relaxed)
+        let mut stripes = self.stripes.lock();
+        let next = stripes.entry(node).or_default();
+        let stripe = *next;
+        *next = next.wrapping_add(1);
+        stripe
     }
 }
 

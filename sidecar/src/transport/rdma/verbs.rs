@@ -252,7 +252,8 @@ pub struct Port {
     pub addr: PortAddr,
     /// RDMA READs in flight per queue pair, within the device's limits.
     read_depth: u8,
-    ctx: Arc<DeviceContext>,
+    /// Held open as long as the port is.
+    _ctx: Arc<DeviceContext>,
     pd: Arc<ProtectionDomain>,
     cq: Arc<BasicCompletionQueue>,
     done: Arc<Completions>,
@@ -325,7 +326,7 @@ impl Port {
             Ok(Arc::new(Port {
                 addr,
                 read_depth,
-                ctx,
+                _ctx: ctx,
                 pd,
                 cq,
                 done,
@@ -388,8 +389,6 @@ impl Drop for Port {
         if let Some(h) = self.poller.lock().take() {
             let _ = h.join();
         }
-        let _ = &self.cq;
-        let _ = &self.ctx;
     }
 }
 
