@@ -267,6 +267,10 @@ pub struct PutArgs {
     /// Never evict this object
     #[arg(long)]
     pub hard_pin: bool,
+    /// Replace the object if KEY exists (readers see the old value or the new one, whole)
+    /// instead of failing
+    #[arg(long)]
+    pub upsert: bool,
 }
 
 #[derive(Args, Debug, Clone)]

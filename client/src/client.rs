@@ -78,6 +78,9 @@ pub struct ReplicateConfig {
     pub hard_pin: bool,
     pub soft_pin_ttl: Option<Duration>,
     pub ttl: Option<Duration>,
+    /// Replace the object if the key exists (Mooncake's upsert) instead of failing with
+    /// `AlreadyExists`; readers see the old value or the new one, whole.
+    pub upsert: bool,
 }
 
 impl ReplicateConfig {
@@ -95,6 +98,7 @@ impl ReplicateConfig {
             },
             soft_pin_ttl_ms: self.soft_pin_ttl.map(|d| d.as_millis() as u64).unwrap_or(0),
             ttl_ms: self.ttl.map(|d| d.as_millis() as u64).unwrap_or(0),
+            upsert: self.upsert,
         }
     }
 }
@@ -123,6 +127,9 @@ pub enum Source<'a> {
         offset: usize,
         len: usize,
     },
+    /// The concatenation of several pieces of any memory, in order (a gather list): hashed and
+    /// copied piece by piece, never joined first.
+    Parts(&'a [&'a [u8]]),
 }
 
 impl Source<'_> {
@@ -130,6 +137,7 @@ impl Source<'_> {
         match self {
             Source::Bytes(b) => b.len(),
             Source::Shm { len, .. } => *len,
+            Source::Parts(p) => crate::gather::total(p),
         }
     }
 }
@@ -143,6 +151,9 @@ pub enum Dest<'a> {
         offset: usize,
         len: usize,
     },
+    /// Several pieces of memory filled in order (a scatter list); their total length is the
+    /// room the object may take.
+    Parts(Vec<&'a mut [u8]>),
 }
 
 impl Dest<'_> {
@@ -150,6 +161,7 @@ impl Dest<'_> {
         match self {
             Dest::Bytes(b) => b.len(),
             Dest::Shm { len, .. } => *len,
+            Dest::Parts(p) => crate::gather::total_mut(p),
         }
     }
 }
@@ -176,16 +188,36 @@ impl Held {
     }
 
     fn read(&self, s: &Session, dst: &mut [u8]) -> Result<()> {
+        self.read_at(s, 0, dst)
+    }
+
+    /// Reads `dst.len()` bytes from `at` bytes into the lent memory.
+    fn read_at(&self, s: &Session, at: usize, dst: &mut [u8]) -> Result<()> {
         match self {
-            Held::Window(w) => s.staging.read(w.offset, dst),
-            Held::Temp(b, _) => b.read(0, dst),
+            Held::Window(w) => s.staging.read(w.offset + at as u64, dst),
+            Held::Temp(b, _) => b.read(at, dst),
         }
     }
 
     fn write_hashed(&self, s: &Session, src: &[u8], seed: u64, hashes: &mut [u64]) -> Result<()> {
+        self.write_hashed_at(s, 0, src, seed, hashes)
+    }
+
+    /// Copies `src` to `at` bytes into the lent memory (`at` on a chunk boundary), hashing its
+    /// chunks into `hashes`.
+    fn write_hashed_at(
+        &self,
+        s: &Session,
+        at: usize,
+        src: &[u8],
+        seed: u64,
+        hashes: &mut [u64],
+    ) -> Result<()> {
         match self {
-            Held::Window(w) => s.staging.write_hashed(w.offset, src, seed, hashes),
-            Held::Temp(b, _) => b.inner.map.write_hashed(0, src, seed, hashes),
+            Held::Window(w) => s
+                .staging
+                .write_hashed(w.offset + at as u64, src, seed, hashes),
+            Held::Temp(b, _) => b.inner.map.write_hashed(at as u64, src, seed, hashes),
         }
     }
 }

@@ -12,6 +12,7 @@
 //! * [`reconnect`] — back-off between reconnection attempts to a sidecar that went away.
 //! * [`shm`] — mapped memfds (segment, staging, [`ShmBuffer`]) and the fused copy+hash.
 //! * [`staging`] — windows of the staging area, one per request in flight.
+//! * `gather` — scatter/gather lists: objects put from, or read into, several pieces.
 //! * [`error`] — the crate's error enum.
 
 // No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic
@@ -22,6 +23,7 @@ pub mod blocking;
 pub mod client;
 pub mod conn;
 pub mod error;
+mod gather;
 pub mod reconnect;
 pub mod shm;
 pub mod staging;

@@ -59,6 +59,19 @@ pub enum Command {
         segment: SegmentId,
         deadline_ms: u64,
     },
+    /// A `CommitPut` that replaces the object under the key, if any (Mooncake's upsert): apply
+    /// checks the new placement first, then unlinks the old object (its extents freed as by a
+    /// remove) and links the new one, in one step. Last in the enum: log entries written before
+    /// it existed keep their encoding.
+    UpsertPut {
+        key: String,
+        size: u64,
+        replicas: Vec<Replica>,
+        checksum: u64,
+        version: Version,
+        pin: Pin,
+        expires_ms: u64,
+    },
 }
 
 impl Command {
@@ -75,6 +88,7 @@ impl Command {
             Command::MetaDelete { .. } => "meta_delete",
             Command::ExpirePins { .. } => "expire_pins",
             Command::DrainSegment { .. } => "drain_segment",
+            Command::UpsertPut { .. } => "upsert_put",
         }
     }
 }

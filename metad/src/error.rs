@@ -18,6 +18,9 @@ pub enum Error {
         size: u64,
         replicas: u32,
     },
+    /// An upsert of a key another put or upsert is still writing: retryable.
+    #[error("key {key:?} is being written by another put; retry")]
+    KeyBusy { key: String },
     #[error("no live segment can take {key:?}")]
     NoSegments { key: String },
     /// Placement failed only because segments that could take the put have not heartbeated to

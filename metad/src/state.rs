@@ -302,6 +302,34 @@ impl StateMachine {
                 });
                 out
             }
+            Command::UpsertPut {
+                key,
+                size,
+                replicas,
+                checksum,
+                version,
+                pin,
+                expires_ms,
+            } => {
+                let out = self.upsert_put(
+                    key,
+                    *size,
+                    replicas,
+                    *checksum,
+                    *version,
+                    *pin,
+                    *expires_ms,
+                    fx,
+                );
+                fx.push(match out {
+                    Outcome::Committed => Effect::Committed {
+                        version: *version,
+                        key: key.clone(),
+                    },
+                    _ => Effect::CommitRejected { version: *version },
+                });
+                out
+            }
             Command::Remove { keys } => {
                 let r = keys
                     .iter()
@@ -524,6 +552,36 @@ impl StateMachine {
         Outcome::Committed
     }
 
+    /// [`Self::commit_put`] that replaces the object under the key, if any. Everything that
+    /// could refuse the commit is checked before the old object is unlinked, so a refused
+    /// upsert leaves it as it was. The watch feed sees one change, the new object, never a
+    /// moment without the key.
+    #[allow(clippy::too_many_arguments)]
+    fn upsert_put(
+        &mut self,
+        key: &str,
+        size: u64,
+        replicas: &[Replica],
+        checksum: u64,
+        version: Version,
+        pin: Pin,
+        expires_ms: u64,
+        fx: &mut Vec<Effect>,
+    ) -> Outcome {
+        if let Err(why) = self.check_placement(key, size, replicas) {
+            return Outcome::Conflict(why);
+        }
+        if Replicas::from_replicas(replicas).is_none() {
+            return Outcome::Conflict(format!(
+                "upsert of {key:?}: node id or generation out of range"
+            ));
+        }
+        if self.unlink_object(key, fx).is_some() {
+            self.counters.removed_objects += 1;
+        }
+        self.commit_put(key, size, replicas, checksum, version, pin, expires_ms)
+    }
+
     /// Checks that a commit's replicas are on distinct mounted segments of distinct nodes, cover
     /// the size, and that every extent is free (and the extents of one replica do not overlap).
     fn check_placement(&self, key: &str, size: u64, replicas: &[Replica]) -> Result<(), String> {
@@ -602,6 +660,16 @@ impl StateMachine {
     /// Unlinks an object and frees its extents (the leader holds them while its read leases
     /// last; design §3 invariant 5).
     fn remove_object(&mut self, key: &str, fx: &mut Vec<Effect>) -> Option<Object> {
+        let obj = self.unlink_object(key, fx)?;
+        fx.push(Effect::Removed {
+            key: key.to_string(),
+        });
+        Some(obj)
+    }
+
+    /// [`Self::remove_object`] without telling watchers that the key is gone (an upsert links
+    /// a new object under it in the same step).
+    fn unlink_object(&mut self, key: &str, fx: &mut Vec<Effect>) -> Option<Object> {
         let obj = self.objects.remove(key)?;
         self.unindex_object(key, &obj);
         for r in &obj.replicas.to_vec() {
@@ -621,9 +689,6 @@ impl StateMachine {
                 extents: r.extents.clone(),
             });
         }
-        fx.push(Effect::Removed {
-            key: key.to_string(),
-        });
         Some(obj)
     }
 

@@ -250,6 +250,161 @@ fn batch_get(c: &Client, keys: &[String], spans: Vec<Result<SpanMut<'_>>>) -> Ve
     finish(out)
 }
 
+/// The size of piece `j` of item `i` when sizes were given.
+/// A put's settings: the Python `ReplicateConfig` and whether it may replace the key.
+fn put_config(
+    config: Option<PyRef<'_, ReplicateConfig>>,
+    upsert: bool,
+) -> regolith_client::ReplicateConfig {
+    regolith_client::ReplicateConfig {
+        upsert,
+        ..client_config(config)
+    }
+}
+
+fn piece_size(sizes: &Option<Vec<Vec<usize>>>, i: usize, j: usize) -> Result<Option<usize>> {
+    match sizes {
+        None => Ok(None),
+        Some(s) => s[i].get(j).copied().map(Some).ok_or_else(|| {
+            Error::InvalidArgument(format!("item {i}: {} sizes for more pieces", s[i].len()))
+        }),
+    }
+}
+
+/// Per item, the spans of its pieces, resolved under one lock of the registry.
+fn gather_spans<'a>(
+    regions: &Mutex<Regions>,
+    targets: &'a [Vec<Target>],
+    sizes: &Option<Vec<Vec<usize>>>,
+) -> Vec<Result<Vec<Span<'a>>>> {
+    let regions = regions.lock();
+    targets
+        .iter()
+        .enumerate()
+        .map(|(i, pieces)| {
+            check_piece_count(i, pieces.len(), sizes)?;
+            pieces
+                .iter()
+                .enumerate()
+                .map(|(j, t)| t.span(&regions, piece_size(sizes, i, j)?))
+                .collect()
+        })
+        .collect()
+}
+
+fn scatter_spans<'a>(
+    regions: &Mutex<Regions>,
+    targets: &'a mut [Vec<Target>],
+    sizes: &Option<Vec<Vec<usize>>>,
+) -> Vec<Result<Vec<SpanMut<'a>>>> {
+    let regions = regions.lock();
+    targets
+        .iter_mut()
+        .enumerate()
+        .map(|(i, pieces)| {
+            check_piece_count(i, pieces.len(), sizes)?;
+            pieces
+                .iter_mut()
+                .enumerate()
+                .map(|(j, t)| t.span_mut(&regions, piece_size(sizes, i, j)?))
+                .collect()
+        })
+        .collect()
+}
+
+fn check_piece_count(i: usize, pieces: usize, sizes: &Option<Vec<Vec<usize>>>) -> Result<()> {
+    match sizes {
+        Some(s) if s[i].len() != pieces => Err(Error::InvalidArgument(format!(
+            "item {i}: {pieces} buffers and {} sizes",
+            s[i].len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Puts the items whose pieces all resolved, in one batch; the others keep their error.
+fn batch_put_gathered(
+    c: &Client,
+    keys: &[String],
+    spans: Vec<Result<Vec<Span<'_>>>>,
+    cfg: &regolith_client::ReplicateConfig,
+) -> Vec<Result<()>> {
+    let mut out: Vec<Option<Result<()>>> = Vec::with_capacity(keys.len());
+    let mut ok_idx = Vec::new();
+    let mut resolved: Vec<Vec<Span<'_>>> = Vec::new();
+    for (i, s) in spans.into_iter().enumerate() {
+        match s {
+            Ok(s) => {
+                ok_idx.push(i);
+                resolved.push(s);
+                out.push(None);
+            }
+            Err(e) => out.push(Some(Err(e))),
+        }
+    }
+    let pieces: Vec<Vec<&[u8]>> = resolved
+        .iter()
+        .map(|s| s.iter().map(Span::bytes).collect())
+        .collect();
+    let items: Vec<(&str, regolith_client::Source<'_>)> = ok_idx
+        .iter()
+        .zip(&pieces)
+        .map(|(&i, p)| (keys[i].as_str(), regolith_client::Source::Parts(p)))
+        .collect();
+    for (&i, r) in ok_idx.iter().zip(c.batch_put_from(&items, cfg)) {
+        out[i] = Some(r.map(|_| ()).map_err(Error::from));
+    }
+    finish(out)
+}
+
+/// Gets the items whose pieces all resolved (and overlap no other piece of the batch), in one
+/// batch.
+fn batch_get_scattered(
+    c: &Client,
+    keys: &[String],
+    spans: Vec<Result<Vec<SpanMut<'_>>>>,
+) -> Vec<Result<u64>> {
+    let mut out: Vec<Option<Result<u64>>> = Vec::with_capacity(keys.len());
+    let mut flat: Vec<Option<SpanMut<'_>>> = Vec::new();
+    let mut owner = Vec::new();
+    for (i, s) in spans.into_iter().enumerate() {
+        match s {
+            Ok(pieces) => {
+                out.push(None);
+                for p in pieces {
+                    flat.push(Some(p));
+                    owner.push(i);
+                }
+            }
+            Err(e) => out.push(Some(Err(e))),
+        }
+    }
+    for j in overlapping(&flat) {
+        out[owner[j]] = Some(Err(Error::InvalidArgument(format!(
+            "{:?}: a destination buffer overlaps another destination of the batch",
+            keys[owner[j]]
+        ))));
+    }
+    let mut per_item: Vec<Vec<&mut [u8]>> = (0..keys.len()).map(|_| Vec::new()).collect();
+    for (j, p) in flat.iter_mut().enumerate() {
+        if let (Some(p), None) = (p.as_mut(), &out[owner[j]]) {
+            per_item[owner[j]].push(p.bytes_mut());
+        }
+    }
+    let mut idx = Vec::new();
+    let mut items = Vec::new();
+    for (i, pieces) in per_item.into_iter().enumerate() {
+        if out[i].is_none() {
+            idx.push(i);
+            items.push((keys[i].as_str(), regolith_client::Dest::Parts(pieces)));
+        }
+    }
+    for (&i, r) in idx.iter().zip(c.batch_get_into(items)) {
+        out[i] = Some(r.map(|n| n as u64).map_err(Error::from));
+    }
+    finish(out)
+}
+
 fn finish<T>(out: Vec<Option<Result<T>>>) -> Vec<Result<T>> {
     out.into_iter()
         .map(|o| o.unwrap_or_else(|| Err(Error::InvalidArgument("item not processed".into()))))
@@ -404,21 +559,26 @@ impl PyClient {
     // ------------------------------------------------------------------ puts
 
     /// Puts `value` (any buffer-protocol object) under `key`.
-    #[pyo3(signature = (key, value, config=None))]
+    ///
+    /// Every put form takes `upsert=True` to replace an existing object under the key
+    /// (Mooncake's upsert) instead of raising `AlreadyExistsError`: readers see the old value or
+    /// the new one, whole.
+    #[pyo3(signature = (key, value, config=None, *, upsert=false))]
     fn put(
         &self,
         py: Python<'_>,
         key: &str,
         value: &Bound<'_, PyAny>,
         config: Option<PyRef<'_, ReplicateConfig>>,
+        upsert: bool,
     ) -> PyResult<()> {
         let buf = PyBuf::get(value, false)?;
-        self.put_target(py, key, Target::Obj(buf), None, config)
+        self.put_target(py, key, Target::Obj(buf), None, put_config(config, upsert))
     }
 
     /// Puts `size` bytes at `address` (registered, or in an `alloc_buffer` region), or the
     /// bytes of a buffer-protocol object (its first `size` bytes when given).
-    #[pyo3(signature = (key, address, size=None, config=None))]
+    #[pyo3(signature = (key, address, size=None, config=None, *, upsert=false))]
     fn put_from(
         &self,
         py: Python<'_>,
@@ -426,42 +586,65 @@ impl PyClient {
         address: &Bound<'_, PyAny>,
         size: Option<usize>,
         config: Option<PyRef<'_, ReplicateConfig>>,
+        upsert: bool,
     ) -> PyResult<()> {
         let target = Target::extract(address, false)?;
-        self.put_target(py, key, target, size, config)
+        self.put_target(py, key, target, size, put_config(config, upsert))
     }
 
-    /// Puts the concatenation of `parts` (buffer-protocol objects) as one object.
-    #[pyo3(signature = (key, parts, config=None))]
+    /// Puts the concatenation of `parts` (buffer-protocol objects) as one object; the pieces
+    /// are copied in place, never joined first.
+    #[pyo3(signature = (key, parts, config=None, *, upsert=false))]
     fn put_parts(
         &self,
         py: Python<'_>,
         key: &str,
         parts: Vec<Bound<'_, PyAny>>,
         config: Option<PyRef<'_, ReplicateConfig>>,
+        upsert: bool,
     ) -> PyResult<()> {
         let bufs = parts
             .iter()
             .map(|p| PyBuf::get(p, false))
             .collect::<PyResult<Vec<_>>>()?;
-        let cfg = client_config(config);
+        let cfg = put_config(config, upsert);
         let c = self.client()?;
         let slices: Vec<&[u8]> = bufs.iter().map(PyBuf::bytes).collect();
         run(py, move || {
-            let total = slices.iter().map(|s| s.len()).sum();
-            let mut joined = Vec::with_capacity(total);
-            for s in &slices {
-                joined.extend_from_slice(s);
-            }
-            c.put(key, &joined, &cfg)?;
+            c.put_from(key, regolith_client::Source::Parts(&slices), &cfg)?;
             Ok(())
         })
+    }
+
+    /// Puts objects that are each the concatenation of several pieces (one gather list per
+    /// key: addresses with `sizes`, or buffer-protocol objects), with one reservation and one
+    /// commit round trip. Returns, per key, None or the exception of its failure.
+    #[pyo3(signature = (keys, parts, sizes=None, config=None, *, upsert=false))]
+    fn batch_put_parts(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        parts: Vec<Vec<Bound<'_, PyAny>>>,
+        sizes: Option<Vec<Vec<usize>>>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+        upsert: bool,
+    ) -> PyResult<Py<PyList>> {
+        check_lengths(keys.len(), parts.len(), sizes.as_ref().map(Vec::len))?;
+        let targets = parts
+            .iter()
+            .map(|p| self::targets(p, false))
+            .collect::<PyResult<Vec<_>>>()?;
+        let cfg = put_config(config, upsert);
+        let c = self.client()?;
+        let spans = gather_spans(&self.shared.regions, &targets, &sizes);
+        let res = py.detach(|| batch_put_gathered(&c, &keys, spans, &cfg));
+        outcomes(py, res, none)
     }
 
     /// Puts many objects with one reservation and one commit round trip. `targets` are
     /// addresses (with `sizes`) or buffer-protocol objects. Returns, per key, None or the
     /// exception of its failure.
-    #[pyo3(signature = (keys, targets, sizes=None, config=None))]
+    #[pyo3(signature = (keys, targets, sizes=None, config=None, *, upsert=false))]
     fn batch_put_from(
         &self,
         py: Python<'_>,
@@ -469,10 +652,11 @@ impl PyClient {
         targets: Vec<Bound<'_, PyAny>>,
         sizes: Option<Vec<usize>>,
         config: Option<PyRef<'_, ReplicateConfig>>,
+        upsert: bool,
     ) -> PyResult<Py<PyList>> {
         check_lengths(keys.len(), targets.len(), sizes.as_ref().map(Vec::len))?;
         let targets = self::targets(&targets, false)?;
-        let cfg = client_config(config);
+        let cfg = put_config(config, upsert);
         let c = self.client()?;
         let spans = put_spans(&self.shared.regions, &targets, &sizes);
         let res = py.detach(|| batch_put(&c, &keys, spans, &cfg));
@@ -480,15 +664,16 @@ impl PyClient {
     }
 
     /// `batch_put_from` with buffer-protocol values.
-    #[pyo3(signature = (keys, values, config=None))]
+    #[pyo3(signature = (keys, values, config=None, *, upsert=false))]
     fn batch_put(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         values: Vec<Bound<'_, PyAny>>,
         config: Option<PyRef<'_, ReplicateConfig>>,
+        upsert: bool,
     ) -> PyResult<Py<PyList>> {
-        self.batch_put_from(py, keys, values, None, config)
+        self.batch_put_from(py, keys, values, None, config, upsert)
     }
 
     // ------------------------------------------------------------------ gets
@@ -547,6 +732,28 @@ impl PyClient {
         let c = self.client()?;
         let spans = get_spans(&self.shared.regions, &mut targets, &sizes);
         let res = py.detach(|| batch_get(&c, &keys, spans));
+        outcomes(py, res, int)
+    }
+
+    /// Gets objects each into several pieces of memory filled in order (one scatter list per
+    /// key), in one round trip; per key, the object's size or the exception (a
+    /// `BufferTooSmallError` when the pieces together are smaller than the object).
+    #[pyo3(signature = (keys, parts, sizes=None))]
+    fn batch_get_into_parts(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        parts: Vec<Vec<Bound<'_, PyAny>>>,
+        sizes: Option<Vec<Vec<usize>>>,
+    ) -> PyResult<Py<PyList>> {
+        check_lengths(keys.len(), parts.len(), sizes.as_ref().map(Vec::len))?;
+        let mut targets = parts
+            .iter()
+            .map(|p| self::targets(p, true))
+            .collect::<PyResult<Vec<_>>>()?;
+        let c = self.client()?;
+        let spans = scatter_spans(&self.shared.regions, &mut targets, &sizes);
+        let res = py.detach(|| batch_get_scattered(&c, &keys, spans));
         outcomes(py, res, int)
     }
 
@@ -669,9 +876,8 @@ impl PyClient {
         key: &str,
         target: Target,
         size: Option<usize>,
-        config: Option<PyRef<'_, ReplicateConfig>>,
+        cfg: regolith_client::ReplicateConfig,
     ) -> PyResult<()> {
-        let cfg = client_config(config);
         let c = self.client()?;
         let span = {
             let regions = self.shared.regions.lock();

@@ -59,6 +59,7 @@ impl ReplicateConfig {
             hard_pin: self.with_hard_pin,
             soft_pin_ttl: millis(self.soft_pin_ttl_ms),
             ttl: millis(self.ttl_ms),
+            upsert: false,
         }
     }
 }

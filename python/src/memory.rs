@@ -121,6 +121,19 @@ pub enum Span<'a> {
 }
 
 impl Span<'_> {
+    /// The bytes as plain memory (a shared-memory span viewed through this process's mapping):
+    /// for pieces of a gather list, which the client copies itself.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            // SAFETY: `offset + len` was checked against the buffer when the span was made, and
+            // the span holds a clone of the buffer, so the mapping outlives the borrow.
+            Span::Shm { buf, offset, len } => unsafe {
+                std::slice::from_raw_parts(buf.as_ptr().add(*offset), *len)
+            },
+            Span::Bytes(b) => b,
+        }
+    }
+
     pub fn source(&self) -> Source<'_> {
         match self {
             Span::Shm { buf, offset, len } => Source::Shm {
@@ -144,6 +157,18 @@ pub enum SpanMut<'a> {
 }
 
 impl SpanMut<'_> {
+    /// The destination as plain memory (see [`Span::bytes`]).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            // SAFETY: as in `Span::bytes`; the `&mut` borrow of the span keeps a second view of
+            // it from being made, and callers check a batch's pieces for overlaps.
+            SpanMut::Shm { buf, offset, len } => unsafe {
+                std::slice::from_raw_parts_mut(buf.as_ptr().add(*offset), *len)
+            },
+            SpanMut::Bytes(b) => b,
+        }
+    }
+
     pub fn dest(&mut self) -> Dest<'_> {
         match self {
             SpanMut::Shm { buf, offset, len } => Dest::Shm {

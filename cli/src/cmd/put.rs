@@ -51,6 +51,7 @@ fn replicate_config(args: &PutArgs) -> ReplicateConfig {
         hard_pin: args.hard_pin,
         soft_pin_ttl: None,
         ttl: args.ttl,
+        upsert: args.upsert,
     }
 }
 

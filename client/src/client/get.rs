@@ -6,6 +6,7 @@ use regolith_proto::checksum;
 use regolith_proto::uds::{pb, Op};
 
 use super::*;
+use crate::gather;
 
 impl AsyncClient {
     /// A private copy of the object.
@@ -164,7 +165,7 @@ impl AsyncClient {
             let sizes: Vec<u64> = items
                 .iter()
                 .map(|(_, d)| match d {
-                    Dest::Bytes(b) => b.len() as u64,
+                    Dest::Bytes(_) | Dest::Parts(_) => d.len() as u64,
                     Dest::Shm { .. } => 0,
                 })
                 .collect();
@@ -203,8 +204,8 @@ impl AsyncClient {
         for &i in group {
             let (key, dest) = (&items[i].0, &items[i].1);
             let (region, w) = match dest {
-                Dest::Bytes(b) => match self.lend(s, b.len() as u64).await {
-                    Ok(h) => (h.region(b.len() as u64), Some(h)),
+                Dest::Bytes(_) | Dest::Parts(_) => match self.lend(s, dest.len() as u64).await {
+                    Ok(h) => (h.region(dest.len() as u64), Some(h)),
                     Err(e) => {
                         self.give_back(windows.into_iter().flatten().collect())
                             .await;
@@ -334,15 +335,21 @@ impl AsyncClient {
                     copy_from_extents(seg, &r.local_extents, d, r.checksum_seed, &mut tmp_hashes)?;
                     checksum::combine(r.checksum_seed, &tmp_hashes) == r.checksum
                 }
+                Dest::Parts(parts) => copy_local_into_parts(s, key, r, parts)?,
             };
             return Ok(ok.then_some(size));
         }
         if r.delivered {
-            if let Dest::Bytes(b) = dest {
-                let w = w.ok_or_else(|| {
-                    Error::Protocol("delivered into staging without a window".into())
-                })?;
-                w.read(s, &mut b[..size])?;
+            let window = || {
+                w.ok_or_else(|| Error::Protocol("delivered into staging without a window".into()))
+            };
+            match dest {
+                Dest::Bytes(b) => window()?.read(s, &mut b[..size])?,
+                Dest::Parts(parts) => {
+                    let w = window()?;
+                    gather::fill(parts, size, |off, piece| w.read_at(s, off, piece))?;
+                }
+                Dest::Shm { .. } => {}
             }
             return Ok(Some(size));
         }
@@ -352,6 +359,7 @@ impl AsyncClient {
                 b[..n].copy_from_slice(&r.data[..n]);
             }
             Dest::Shm { buf, offset, .. } => buf.write(*offset, &r.data)?,
+            Dest::Parts(parts) => gather::scatter(parts, 0, &r.data),
         }
         Ok(Some(r.data.len()))
     }
@@ -373,6 +381,52 @@ async fn get_one(s: &Session, item: pb::GetItem) -> Result<pb::GetResult> {
         .into_iter()
         .next()
         .ok_or_else(|| Error::Protocol("get answered no item".into()))
+}
+
+/// Copies a local replica into a scatter list, one chunk at a time through a chunk-sized
+/// scratch buffer (hashed as it is read, still in cache when it is scattered); whether it
+/// verified.
+fn copy_local_into_parts(
+    s: &Session,
+    key: &str,
+    r: &pb::GetResult,
+    parts: &mut [&mut [u8]],
+) -> Result<bool> {
+    let seg = s.segment.as_ref().ok_or_else(|| {
+        Error::Protocol(format!(
+            "{key:?}: local extents on a node without a segment"
+        ))
+    })?;
+    let size = r.size as usize;
+    let mut hashes = vec![0u64; checksum::chunk_count(r.size)];
+    let mut scratch = vec![0u8; checksum::CHUNK.min(size)];
+    let mut off = 0usize;
+    for e in &r.local_extents {
+        let n = (e.len as usize).min(size - off);
+        let mut done = 0usize;
+        while done < n {
+            let m = checksum::CHUNK.min(n - done);
+            let chunk = (off + done) / checksum::CHUNK;
+            seg.read_hashed(
+                e.offset + done as u64,
+                &mut scratch[..m],
+                r.checksum_seed,
+                &mut hashes[chunk..=chunk],
+            )?;
+            gather::scatter(parts, off + done, &scratch[..m]);
+            done += m;
+        }
+        off += n;
+        if off >= size {
+            break;
+        }
+    }
+    if off < size {
+        return Err(Error::Protocol(format!(
+            "{key:?}: local extents hold {off} of {size} bytes"
+        )));
+    }
+    Ok(checksum::combine(r.checksum_seed, &hashes) == r.checksum)
 }
 
 /// Copies an object out of its extents of the segment into `dst`, hashing chunks.

@@ -7,6 +7,7 @@ use regolith_proto::checksum;
 use regolith_proto::uds::{pb, Op};
 
 use super::*;
+use crate::gather;
 
 impl AsyncClient {
     pub async fn put(&self, key: &str, data: &[u8], cfg: &ReplicateConfig) -> Result<PutInfo> {
@@ -191,9 +192,14 @@ impl AsyncClient {
             let seg = s.segment.as_ref().ok_or_else(|| {
                 Error::Protocol("local extents on a node without a segment".into())
             })?;
-            with_source(&src, |bytes| {
-                copy_to_extents(seg, &t.local_extents, bytes, seed, &mut hashes)
-            })??;
+            match src {
+                Source::Parts(parts) => {
+                    copy_parts_to_extents(seg, &t.local_extents, parts, seed, &mut hashes)?
+                }
+                _ => with_source(&src, |bytes| {
+                    copy_to_extents(seg, &t.local_extents, bytes, seed, &mut hashes)
+                })??,
+            }
             let item = pb::PutCommitItem {
                 version,
                 checksum: checksum::combine(seed, &hashes),
@@ -245,6 +251,35 @@ impl AsyncClient {
                     None,
                 ))
             }
+            Source::Parts(parts) if size <= INLINE_PUT => {
+                let data = gather::join(parts);
+                let ck = checksum::checksum(seed, &data);
+                let region = pb::Region {
+                    r#where: Some(pb::region::Where::Inline(pb::Inline { data, max_len: 0 })),
+                };
+                Ok((
+                    pb::PutCommitItem {
+                        version,
+                        checksum: ck,
+                        checksum_known: true,
+                        source: Some(region),
+                    },
+                    None,
+                ))
+            }
+            Source::Parts(parts) => {
+                let held = self.lend(s, size as u64).await?;
+                gather::for_each_chunk(parts, |i, chunk| {
+                    held.write_hashed_at(s, i * checksum::CHUNK, chunk, seed, &mut hashes[i..=i])
+                })?;
+                let item = pb::PutCommitItem {
+                    version,
+                    checksum: checksum::combine(seed, &hashes),
+                    checksum_known: true,
+                    source: Some(held.region(size as u64)),
+                };
+                Ok((item, Some(held)))
+            }
             Source::Bytes(b) => {
                 let held = self.lend(s, b.len() as u64).await?;
                 held.write_hashed(s, b, seed, &mut hashes)?;
@@ -262,10 +297,12 @@ impl AsyncClient {
     // ------------------------------------------------------------------ gets
 }
 
-/// Runs `f` on the source bytes (a registered buffer is viewed in place).
+/// Runs `f` on the source bytes (a registered buffer is viewed in place; a gather list is
+/// joined, which callers avoid by handling it first).
 fn with_source<R>(src: &Source<'_>, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
     match src {
         Source::Bytes(b) => Ok(f(b)),
+        Source::Parts(p) => Ok(f(&gather::join(p))),
         Source::Shm { buf, offset, len } => {
             // SAFETY: bounds-checked against the buffer's mapping; the view lives for `f` only.
             let b = unsafe { buf.inner.map.slice(*offset as u64, *len as u64)? };
@@ -304,6 +341,41 @@ fn copy_to_extents(
         )));
     }
     Ok(())
+}
+
+/// Copies the concatenation of `parts` into the object's extents of the segment, chunk by
+/// chunk (all extents but the last are whole chunks, so no chunk straddles two).
+fn copy_parts_to_extents(
+    seg: &Mapping,
+    extents: &[pb::Extent],
+    parts: &[&[u8]],
+    seed: u64,
+    hashes: &mut [u64],
+) -> Result<()> {
+    let size = gather::total(parts);
+    let (mut idx, mut start) = (0usize, 0usize);
+    gather::for_each_chunk(parts, |i, chunk| {
+        let off = i * checksum::CHUNK;
+        while idx < extents.len() && off >= start + extents[idx].len as usize {
+            start += extents[idx].len as usize;
+            idx += 1;
+        }
+        let e = extents
+            .get(idx)
+            .filter(|e| off - start + chunk.len() <= e.len as usize);
+        let Some(e) = e else {
+            return Err(Error::Protocol(format!(
+                "local extents do not hold bytes {off}..{} of {size}",
+                off + chunk.len()
+            )));
+        };
+        seg.write_hashed(
+            e.offset + (off - start) as u64,
+            chunk,
+            seed,
+            &mut hashes[i..=i],
+        )
+    })
 }
 
 /// Whether a failed put may be retried with a fresh reservation: only when nothing can have

@@ -61,6 +61,7 @@ pub fn put_request(req: &pb::ReserveRequest) -> PutRequest {
         soft_pin_ttl_ms: o.soft_pin_ttl_ms,
         ttl_ms: o.ttl_ms,
         requester: req.requester_node_id,
+        upsert: o.upsert,
     }
 }
 
@@ -263,7 +264,7 @@ pub fn code_of(e: &Error) -> pb::Code {
         Error::NotFound { .. } => pb::Code::NotFound,
         Error::NoSpace { .. } => pb::Code::NoSpace,
         Error::NoSegments { .. } => pb::Code::NotEnoughNodes,
-        Error::SegmentsNotReady { .. } => pb::Code::NotReady,
+        Error::SegmentsNotReady { .. } | Error::KeyBusy { .. } => pb::Code::NotReady,
         Error::QuotaExceeded { .. } => pb::Code::QuotaExceeded,
         Error::StaleReservation { .. } => pb::Code::StaleReservation,
         Error::Expired { .. } => pb::Code::Expired,

@@ -52,6 +52,8 @@ pub struct PutRequest {
     pub soft_pin_ttl_ms: u64,
     pub ttl_ms: u64,
     pub requester: NodeId,
+    /// Replace an existing object under the key instead of answering `AlreadyExists`.
+    pub upsert: bool,
 }
 
 /// A replica with what a reader or writer needs to reach it.
@@ -230,7 +232,12 @@ impl Leader {
                 req.key, req.size
             )));
         }
-        if sm.contains(&req.key) || self.res.key_reserved(&req.key) {
+        if req.upsert && self.res.key_reserved(&req.key) {
+            return Err(Error::KeyBusy {
+                key: req.key.clone(),
+            });
+        }
+        if !req.upsert && (sm.contains(&req.key) || self.res.key_reserved(&req.key)) {
             return Err(Error::AlreadyExists {
                 key: req.key.clone(),
             });
@@ -284,6 +291,7 @@ impl Leader {
             },
             deadline_ms: now.mono_ms.saturating_add(self.cfg.put_timeout_ms),
             state: ResState::Live,
+            upsert: req.upsert,
         });
         Ok(Reserved {
             version,
@@ -371,19 +379,34 @@ impl Leader {
             },
             p => p,
         };
-        Ok(CommitStep::Propose(Command::CommitPut {
-            key: r.key.clone(),
-            size: r.size,
-            replicas: r.replicas.clone(),
-            checksum,
-            version,
-            pin,
-            // A TTL too large to add (up to u64::MAX) saturates: the object never expires.
-            expires_ms: if r.ttl_ms == 0 {
-                0
-            } else {
-                now.wall_ms.saturating_add(r.ttl_ms)
-            },
+        let key = r.key.clone();
+        let (size, replicas) = (r.size, r.replicas.clone());
+        // A TTL too large to add (up to u64::MAX) saturates: the object never expires.
+        let expires_ms = if r.ttl_ms == 0 {
+            0
+        } else {
+            now.wall_ms.saturating_add(r.ttl_ms)
+        };
+        Ok(CommitStep::Propose(if r.upsert {
+            Command::UpsertPut {
+                key,
+                size,
+                replicas,
+                checksum,
+                version,
+                pin,
+                expires_ms,
+            }
+        } else {
+            Command::CommitPut {
+                key,
+                size,
+                replicas,
+                checksum,
+                version,
+                pin,
+                expires_ms,
+            }
         }))
     }
 

@@ -39,6 +39,8 @@ pub struct Reservation {
     /// Monotonic deadline for the commit.
     pub deadline_ms: u64,
     pub state: ResState,
+    /// Commits as an `UpsertPut` (replacing an existing object under the key).
+    pub upsert: bool,
 }
 
 impl Reservation {
@@ -118,6 +120,7 @@ impl Reservations {
             soft_pin_ttl_ms: 0,
             deadline_ms: 0,
             state: ResState::Quarantined,
+            upsert: false,
         });
         match r.replicas.iter_mut().find(|x| x.segment == seg) {
             Some(rep) => rep.extents.extend(extents),

@@ -256,3 +256,139 @@ fn finding_11_no_segments_at_all_is_still_not_enough_nodes() {
     let err = l.reserve(sm, &put("k", 0), t0).unwrap_err();
     assert!(matches!(err, Error::NoSegments { .. }), "{err:?}");
 }
+
+// ---------------------------------------------------------------- upserts (issue 13)
+
+fn upsert(key: &str) -> PutRequest {
+    PutRequest {
+        upsert: true,
+        ..put(key, 0)
+    }
+}
+
+/// The extents of `key`'s only replica.
+fn extents_of(core: &Core, key: &str) -> (SegmentId, Vec<Extent>) {
+    let obj = core.sm().object(key).expect("object");
+    let r = obj.replicas.to_vec().remove(0);
+    (r.segment, r.extents)
+}
+
+#[test]
+fn an_upsert_replaces_the_object_and_old_extents_wait_for_their_leases() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    put_and_commit(&mut core, &put("k", 0), t0);
+    let old_version = core.sm().object("k").expect("put").version;
+    let (seg, old_extents) = extents_of(&core, "k");
+
+    let (l, sm) = core.leader_parts().expect("leader");
+    assert!(
+        matches!(
+            l.reserve(sm, &put("k", 0), t0),
+            Err(Error::AlreadyExists { .. })
+        ),
+        "a plain put of an existing key is still refused"
+    );
+    // A reader holds a lease on the old version while the upsert lands.
+    assert!(l.get(sm, &["k".to_string()], 0, t0)[0].is_some());
+
+    let cmd = put_and_commit(&mut core, &upsert("k"), t0);
+    assert!(matches!(cmd, Command::UpsertPut { .. }), "got {cmd:?}");
+    let new = core.sm().object("k").expect("the key is still there");
+    assert!(
+        new.version > old_version,
+        "the new version replaced the old"
+    );
+    let (_, new_extents) = extents_of(&core, "k");
+    assert!(new_extents
+        .iter()
+        .all(|n| old_extents.iter().all(|o| !o.overlaps(n))));
+    assert_eq!(core.sm().key_count(), 1);
+
+    let shadow_free = |core: &Core| {
+        let l = core.leader().expect("leader");
+        let s = l.shadow.get(&seg).expect("segment");
+        old_extents.iter().all(|e| s.alloc.is_free(e))
+    };
+    assert!(!shadow_free(&core), "leased extents are not reused");
+    let later = at(t0.mono_ms + 3_600_000, t0.wall_ms + 3_600_000);
+    heartbeat_and_tick(&mut core, later);
+    assert!(shadow_free(&core), "freed once the lease is over");
+}
+
+#[test]
+fn an_upsert_of_a_key_being_written_is_busy_and_a_refused_one_keeps_the_old_object() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    put_and_commit(&mut core, &put("k", 0), t0);
+    let before = core.sm().object("k").expect("put").clone();
+    let (seg, old_extents) = extents_of(&core, "k");
+
+    let (l, sm) = core.leader_parts().expect("leader");
+    let first = l.reserve(sm, &upsert("k"), t0).expect("upsert reserves");
+    assert!(
+        matches!(l.reserve(sm, &upsert("k"), t0), Err(Error::KeyBusy { .. })),
+        "a second writer of the key waits"
+    );
+    assert!(matches!(
+        l.reserve(sm, &upsert("fresh"), t0),
+        Ok(Reserved { .. })
+    ));
+    l.abort(&[first.version]);
+
+    // An upsert whose extents are taken (here: the old object's own) is refused at apply,
+    // and the old object stays as it was.
+    let mut fx = Vec::new();
+    let mut sm = core.sm().clone();
+    let out = sm.apply(
+        &Command::UpsertPut {
+            key: "k".into(),
+            size: 4096,
+            replicas: vec![Replica {
+                segment: seg,
+                extents: old_extents,
+            }],
+            checksum: 1,
+            version: Version { term: 1, id: 999 },
+            pin: Pin::None,
+            expires_ms: 0,
+        },
+        &mut fx,
+    );
+    assert!(matches!(out, Outcome::Conflict(_)), "got {out:?}");
+    assert_eq!(sm.object("k"), Some(&before));
+    assert!(
+        !fx.iter()
+            .any(|e| matches!(e, Effect::Freed { .. } | Effect::Removed { .. })),
+        "nothing freed or removed: {fx:?}"
+    );
+}
+
+#[test]
+fn an_applied_upsert_tells_watchers_of_the_new_object_only() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    put_and_commit(&mut core, &put("k", 0), t0);
+    let (l, sm) = core.leader_parts().expect("leader");
+    let r = l.reserve(sm, &upsert("k"), t0).expect("reserve");
+    let CommitStep::Propose(cmd) = l.commit(r.version, 7, t0).expect("commit") else {
+        panic!("an upsert's commit proposes");
+    };
+    let mut sm = core.sm().clone();
+    let mut fx = Vec::new();
+    assert_eq!(sm.apply(&cmd, &mut fx), Outcome::Committed);
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::Removed { .. })),
+        "the key never disappears: {fx:?}"
+    );
+    assert!(fx.iter().any(|e| matches!(e, Effect::Freed { .. })));
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Committed { version, .. } if *version == r.version)));
+}
