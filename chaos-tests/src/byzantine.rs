@@ -291,6 +291,7 @@ const UDS_OPS: [u16; 16] = [
     Op::UnregisterShm as u16,
     Op::ListSegments as u16,
     Op::Stats as u16,
+    Op::ListKeys as u16,
     Op::Error as u16,
     0,
     777,

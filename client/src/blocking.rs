@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use regolith_proto::uds::pb;
 
-use crate::client::{AsyncClient, ClientConfig, Dest, PutInfo, ReplicateConfig, Source};
+use crate::client::{AsyncClient, ClientConfig, Dest, Located, PutInfo, ReplicateConfig, Source};
 use crate::error::{Error, Result};
 use crate::shm::ShmBuffer;
 
@@ -91,6 +91,20 @@ impl Client {
 
     pub fn batch_get_size(&self, keys: &[&str]) -> Result<Vec<Result<u64>>> {
         self.rt.block_on(self.inner.batch_get_size(keys))
+    }
+
+    pub fn list_keys(
+        &self,
+        prefix: &str,
+        start_after: &str,
+        limit: u32,
+    ) -> Result<(Vec<(String, u64)>, String)> {
+        self.rt
+            .block_on(self.inner.list_keys(prefix, start_after, limit))
+    }
+
+    pub fn batch_locate(&self, keys: &[&str]) -> Result<Vec<Result<Located>>> {
+        self.rt.block_on(self.inner.batch_locate(keys))
     }
 
     pub fn remove(&self, key: &str) -> Result<()> {

@@ -109,6 +109,15 @@ pub struct ReplicaLocation {
     pub node_name: String,
     pub node_id: u64,
     pub local: bool,
+    /// Byte offset of the replica's first extent in its node's segment.
+    pub offset: u64,
+}
+
+/// An object's size and where its replicas are ([`AsyncClient::batch_locate`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Located {
+    pub size: u64,
+    pub replicas: Vec<ReplicaLocation>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -264,6 +273,7 @@ fn locations(r: &[pb::ReplicaInfo]) -> Vec<ReplicaLocation> {
             node_name: x.node_name.clone(),
             node_id: x.node_id,
             local: x.local,
+            offset: x.offset,
         })
         .collect()
 }
@@ -428,6 +438,34 @@ impl AsyncClient {
             .collect())
     }
 
+    /// Per key, the object's size and where its replicas are (a lease read at the leader, as a
+    /// get's: Mooncake's `get_replica_desc`).
+    pub async fn batch_locate(&self, keys: &[&str]) -> Result<Vec<Result<Located>>> {
+        let s = self.session().await?;
+        let r: pb::SizesReply = s.conn.call(Op::GetSize, &keys_req(keys)).await?;
+        if let Some(e) = st_err("", &r.status) {
+            return Err(e);
+        }
+        let empty = pb::ReplicaList::default();
+        Ok(keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let st = r.statuses.get(i);
+                if let Some(e) = Error::of_status(k, st) {
+                    return Err(e);
+                }
+                if st.is_none() {
+                    return Err(Error::Protocol("get_size answered too few items".into()));
+                }
+                Ok(Located {
+                    size: r.sizes.get(i).copied().unwrap_or(0),
+                    replicas: locations(&r.replicas.get(i).unwrap_or(&empty).replicas),
+                })
+            })
+            .collect())
+    }
+
     pub async fn remove(&self, key: &str) -> Result<()> {
         self.batch_remove(&[key])
             .await?
@@ -455,6 +493,28 @@ impl AsyncClient {
             return Err(e);
         }
         Ok(r.removed)
+    }
+
+    /// One page of the cluster's keys in key order, with their sizes, from after `start_after`
+    /// (empty: the start of `prefix`); the key to resume after, empty when done.
+    pub async fn list_keys(
+        &self,
+        prefix: &str,
+        start_after: &str,
+        limit: u32,
+    ) -> Result<(Vec<(String, u64)>, String)> {
+        let s = self.session().await?;
+        let req = pb::ListKeysRequest {
+            prefix: prefix.to_string(),
+            start_after: start_after.to_string(),
+            limit,
+        };
+        let r: pb::ListKeysReply = s.conn.call(Op::ListKeys, &req).await?;
+        if let Some(e) = st_err("", &r.status) {
+            return Err(e);
+        }
+        let sizes = r.sizes.into_iter().chain(std::iter::repeat(0));
+        Ok((r.keys.into_iter().zip(sizes).collect(), r.next_start_after))
     }
 
     pub async fn list_segments(&self) -> Result<Vec<pb::SegmentInfo>> {

@@ -30,7 +30,7 @@ pub mod staging;
 
 pub use blocking::Client;
 pub use client::{
-    AsyncClient, ClientConfig, Dest, PutInfo, ReplicaLocation, ReplicateConfig, Source,
+    AsyncClient, ClientConfig, Dest, Located, PutInfo, ReplicaLocation, ReplicateConfig, Source,
     DEFAULT_SOCKET,
 };
 pub use error::{Error, Result};

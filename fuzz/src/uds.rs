@@ -19,6 +19,7 @@ pub const REQUEST_OPS: [Op; 13] = [
     Op::UnregisterShm,
     Op::ListSegments,
     Op::Stats,
+    Op::ListKeys,
 ];
 
 /// Reply opcodes: the request ones and `ERROR`.
@@ -48,6 +49,7 @@ pub fn uds_request(data: &[u8]) {
         Op::Exists | Op::GetSize | Op::Remove => round_trip::<pb::KeysRequest>(body),
         Op::RegisterShm => round_trip::<pb::RegisterShmRequest>(body),
         Op::UnregisterShm => round_trip::<pb::UnregisterShmRequest>(body),
+        Op::ListKeys => round_trip::<pb::ListKeysRequest>(body),
         Op::RemoveAll | Op::ListSegments | Op::Stats | Op::Error => round_trip::<pb::Empty>(body),
     }
 }
@@ -73,6 +75,7 @@ pub fn uds_reply(data: &[u8]) {
         Op::UnregisterShm => round_trip::<pb::StatusReply>(body),
         Op::ListSegments => round_trip::<pb::SegmentsReply>(body),
         Op::Stats => round_trip::<pb::StatsReply>(body),
+        Op::ListKeys => round_trip::<pb::ListKeysReply>(body),
         Op::Error => round_trip::<pb::ErrorReply>(body),
     }
 }

@@ -59,6 +59,7 @@ pub enum Op {
     UnregisterShm = 11,
     ListSegments = 12,
     Stats = 13,
+    ListKeys = 14,
     Error = 0xFFFF,
 }
 
@@ -78,6 +79,7 @@ impl Op {
             11 => Op::UnregisterShm,
             12 => Op::ListSegments,
             13 => Op::Stats,
+            14 => Op::ListKeys,
             0xFFFF => Op::Error,
             _ => return None,
         })
@@ -98,6 +100,7 @@ impl Op {
             Op::UnregisterShm => "unregister_shm",
             Op::ListSegments => "list_segments",
             Op::Stats => "stats",
+            Op::ListKeys => "list_keys",
             Op::Error => "error",
         }
     }

@@ -151,6 +151,22 @@ fn int(py: Python<'_>, n: u64) -> PyResult<Py<PyAny>> {
     n.into_py_any(py)
 }
 
+fn located_dict(py: Python<'_>, l: regolith_client::Located) -> PyResult<Py<PyAny>> {
+    let d = PyDict::new(py);
+    d.set_item("size", l.size)?;
+    let replicas = PyList::empty(py);
+    for r in l.replicas {
+        let x = PyDict::new(py);
+        x.set_item("node_name", r.node_name)?;
+        x.set_item("node_id", r.node_id)?;
+        x.set_item("local", r.local)?;
+        x.set_item("offset", r.offset)?;
+        replicas.append(x)?;
+    }
+    d.set_item("replicas", replicas)?;
+    d.into_py_any(py)
+}
+
 fn handle(py: Python<'_>, v: Vec<u8>) -> PyResult<Py<PyAny>> {
     BufferHandle::new(v).into_py_any(py)
 }
@@ -781,6 +797,32 @@ impl PyClient {
     fn batch_get_size(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Py<PyList>> {
         let c = self.client()?;
         batch_outcomes(py, keys, move |refs| Ok(c.batch_get_size(refs)?), int)
+    }
+
+    /// One page of the cluster's keys in key order: ``([(key, size), ...], next_start_after)``;
+    /// pass ``next_start_after`` back for the next page (empty when done).
+    #[pyo3(signature = (prefix="", start_after="", limit=0))]
+    fn list_keys(
+        &self,
+        py: Python<'_>,
+        prefix: &str,
+        start_after: &str,
+        limit: u32,
+    ) -> PyResult<(Vec<(String, u64)>, String)> {
+        let c = self.client()?;
+        run(py, move || Ok(c.list_keys(prefix, start_after, limit)?))
+    }
+
+    /// Per key, ``{"size": int, "replicas": [{"node_name", "node_id", "local", "offset"}]}``
+    /// or the exception (a lease read at the leader, as a get's).
+    fn batch_locate(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Py<PyList>> {
+        let c = self.client()?;
+        batch_outcomes(
+            py,
+            keys,
+            move |refs| Ok(c.batch_locate(refs)?),
+            located_dict,
+        )
     }
 
     fn remove(&self, py: Python<'_>, key: &str) -> PyResult<()> {

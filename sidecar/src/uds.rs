@@ -24,6 +24,7 @@ use prost::Message;
 use regolith_proto::checksum;
 use regolith_proto::fdpass;
 use regolith_proto::frame::{self, FrameCodec};
+use regolith_proto::metad as mpb;
 use regolith_proto::uds::{self, pb, Op};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
@@ -530,14 +531,40 @@ async fn dispatch(
         Op::GetSize => {
             let req: pb::KeysRequest = decode(&body)?;
             let (status, items) = split(keys::sizes(store, req.keys).await);
-            let (statuses, sizes) = items
-                .into_iter()
-                .map(|(st, size)| (status_of(st), size))
-                .unzip();
-            pb::SizesReply {
+            let mut reply = pb::SizesReply {
                 status,
-                statuses,
-                sizes,
+                ..Default::default()
+            };
+            for (st, size, replicas) in items {
+                reply.statuses.push(status_of(st));
+                reply.sizes.push(size);
+                reply.replicas.push(pb::ReplicaList {
+                    replicas: store
+                        .replica_infos(&replicas)
+                        .into_iter()
+                        .map(wire::replica_info)
+                        .collect(),
+                });
+            }
+            reply.encode_to_vec()
+        }
+        Op::ListKeys => {
+            let req: pb::ListKeysRequest = decode(&body)?;
+            let page = keys::list_keys(
+                store,
+                mpb::ListKeysRequest {
+                    prefix: req.prefix,
+                    start_after: req.start_after,
+                    limit: req.limit,
+                },
+            )
+            .await;
+            let (status, page) = split(page);
+            pb::ListKeysReply {
+                status,
+                sizes: page.keys.iter().map(|k| k.size).collect(),
+                keys: page.keys.into_iter().map(|k| k.key).collect(),
+                next_start_after: page.next_start_after,
             }
             .encode_to_vec()
         }

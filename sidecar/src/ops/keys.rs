@@ -3,6 +3,7 @@
 use regolith_proto::metad as mpb;
 use regolith_proto::uds::pb::Code;
 
+use super::metad::Replica;
 use super::{code_of, metad_failure, Failure, Outcome, Store, MAX_KEYS};
 
 fn check_count(n: usize) -> Outcome<()> {
@@ -29,7 +30,10 @@ pub async fn exists(store: &Store, keys: Vec<String>) -> Outcome<Vec<bool>> {
 }
 
 /// Each key's size (0 where the key cannot be read), with its own outcome.
-pub async fn sizes(store: &Store, keys: Vec<String>) -> Outcome<Vec<(Outcome<()>, u64)>> {
+pub async fn sizes(
+    store: &Store,
+    keys: Vec<String>,
+) -> Outcome<Vec<(Outcome<()>, u64, Vec<Replica>)>> {
     check_count(keys.len())?;
     let placements = store
         .metad
@@ -39,10 +43,19 @@ pub async fn sizes(store: &Store, keys: Vec<String>) -> Outcome<Vec<(Outcome<()>
     Ok(placements
         .into_iter()
         .map(|p| match p {
-            Ok(p) => (Ok(()), p.size),
-            Err(r) => (Err(Failure::from(&r)), 0),
+            Ok(p) => (Ok(()), p.size, p.replicas),
+            Err(r) => (Err(Failure::from(&r)), 0, Vec::new()),
         })
         .collect())
+}
+
+/// One page of the cluster's keys, from the leader.
+pub async fn list_keys(store: &Store, req: mpb::ListKeysRequest) -> Outcome<mpb::ListKeysResponse> {
+    store
+        .metad
+        .list_keys(req)
+        .await
+        .map_err(|e| metad_failure(&e))
 }
 
 /// Removes `keys`; one outcome per key.

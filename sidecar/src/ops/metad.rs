@@ -173,6 +173,12 @@ pub trait MetadApi: Send + Sync + 'static {
     fn segments(&self) -> BoxFuture<'_, MetadResult<Vec<mpb::SegmentInfo>>>;
 
     fn stats(&self) -> BoxFuture<'_, MetadResult<mpb::StatsResponse>>;
+
+    /// One page of the cluster's keys.
+    fn list_keys(
+        &self,
+        req: mpb::ListKeysRequest,
+    ) -> BoxFuture<'_, MetadResult<mpb::ListKeysResponse>>;
 }
 
 fn reservation(it: mpb::ReserveResponse) -> Answer<Reservation> {
@@ -287,6 +293,13 @@ impl MetadApi for MetadClient {
 
     fn stats(&self) -> BoxFuture<'_, MetadResult<mpb::StatsResponse>> {
         Box::pin(MetadClient::stats(self))
+    }
+
+    fn list_keys(
+        &self,
+        req: mpb::ListKeysRequest,
+    ) -> BoxFuture<'_, MetadResult<mpb::ListKeysResponse>> {
+        Box::pin(MetadClient::list_keys(self, req))
     }
 }
 

@@ -150,6 +150,8 @@ pub struct ReplicaInfo {
     pub node_name: String,
     pub node_id: u64,
     pub local: bool,
+    /// Byte offset of the replica's first extent in its node's segment.
+    pub offset: u64,
 }
 
 /// What the workflows work on.
@@ -218,6 +220,7 @@ impl Store {
                 node_name: r.node_name.clone(),
                 node_id: r.node_id,
                 local: self.is_local(r),
+                offset: r.extents.first().map_or(0, |e| e.offset),
             })
             .collect()
     }

@@ -240,6 +240,13 @@ impl MetadApi for FakeMetad {
     fn stats(&self) -> BoxFuture<'_, MetadResult<mpb::StatsResponse>> {
         Box::pin(async { Ok(mpb::StatsResponse::default()) })
     }
+
+    fn list_keys(
+        &self,
+        _req: mpb::ListKeysRequest,
+    ) -> BoxFuture<'_, MetadResult<mpb::ListKeysResponse>> {
+        Box::pin(async { Ok(mpb::ListKeysResponse::default()) })
+    }
 }
 
 pub fn segment(name: &str, size: u64) -> Arc<Segment> {

@@ -70,11 +70,12 @@ pub(super) fn begin_item(it: pb::PutBeginItem) -> put::BeginItem {
     }
 }
 
-fn replica_info(r: ReplicaInfo) -> pb::ReplicaInfo {
+pub(super) fn replica_info(r: ReplicaInfo) -> pb::ReplicaInfo {
     pb::ReplicaInfo {
         node_name: r.node_name,
         node_id: r.node_id,
         local: r.local,
+        offset: r.offset,
     }
 }
 
