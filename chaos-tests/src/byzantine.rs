@@ -278,7 +278,7 @@ fn garbage_body(rng: &mut StdRng) -> Vec<u8> {
 }
 
 /// Every opcode a client may send besides HELLO, and some no sidecar knows.
-const UDS_OPS: [u16; 16] = [
+const UDS_OPS: [u16; 17] = [
     Op::PutBegin as u16,
     Op::PutCommit as u16,
     Op::PutAbort as u16,

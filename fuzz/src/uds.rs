@@ -5,7 +5,7 @@ use prost::Message;
 use regolith_proto::uds::{pb, Op};
 
 /// Request opcodes, in the order byte 0 of an input picks them.
-pub const REQUEST_OPS: [Op; 13] = [
+pub const REQUEST_OPS: [Op; 14] = [
     Op::Hello,
     Op::PutBegin,
     Op::PutCommit,
