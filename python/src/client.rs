@@ -877,6 +877,34 @@ impl PyClient {
     /// Declares `[address, address+size)` valid memory for address-based calls (Mooncake's
     /// `register_buffer`): its bytes are copied through staging when they cross to the
     /// sidecar. Addresses outside every registered range and buffer are refused.
+    /// Copies the bytes of `data` (a buffer-protocol object) to `address`, which must lie in a
+    /// registered range or an `alloc_buffer` region with room for all of them.
+    fn write_into(&self, py: Python<'_>, address: usize, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let src = PyBuf::get(data, false)?;
+        let mut dst = {
+            let regions = self.shared.regions.lock();
+            regions.span_mut_at(address, src.len())?
+        };
+        let bytes = src.bytes();
+        py.detach(|| dst.bytes_mut().copy_from_slice(bytes));
+        Ok(())
+    }
+
+    /// Copies `len(dest)` bytes from `address` (a registered range or an `alloc_buffer` region)
+    /// into `dest`, a writable buffer-protocol object.
+    fn read_from(&self, py: Python<'_>, address: usize, dest: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut dst = PyBuf::get(dest, true)?;
+        let len = dst.len();
+        let src = {
+            let regions = self.shared.regions.lock();
+            regions.span_at(address, len)?
+        };
+        let mut out = dst.span_mut(&Regions::default(), len)?;
+        let bytes = src.bytes();
+        py.detach(|| out.bytes_mut().copy_from_slice(bytes));
+        Ok(())
+    }
+
     fn register_buffer(&self, address: usize, size: usize) -> PyResult<()> {
         Ok(self.shared.regions.lock().register(address, size)?)
     }

@@ -1,10 +1,18 @@
-"""``mooncake.store`` on Regolith: ``MooncakeDistributedStore``, ``ReplicateConfig``,
-``bind_to_numa_node`` and ``BufferHandle`` from ``regolith.mooncake``."""
+"""``mooncake.store`` on Regolith: ``MooncakeDistributedStore`` and everything else
+``regolith.mooncake`` exports (``ReplicateConfig``, the replica descriptors and enums,
+``BufferHandle``, ``bind_to_numa_node``)."""
 
 from regolith.mooncake import *  # noqa: F401,F403
 from regolith.mooncake import (  # noqa: F401
     BufferHandle,
+    Descriptor,
+    DiskDescriptor,
+    MemoryDescriptor,
     MooncakeDistributedStore,
+    ObjectDataType,
+    ReplicaDescriptor,
+    ReplicaStatus,
     ReplicateConfig,
+    SoftPinAction,
     bind_to_numa_node,
 )
