@@ -942,6 +942,47 @@ class MooncakeDistributedStore:
         """0: there is no local disk segment (as Mooncake without SSD offload)."""
         return OK
 
+    def put_from_with_metadata(
+        self,
+        key: str,
+        buffer_ptr: int,
+        metadata_buffer_ptr: int,
+        size: int,
+        metadata_size: int,
+        config: ReplicateConfig | None = None,
+    ) -> int:
+        """``metadata[:metadata_size] + data[:size]`` as one object (gathered, never joined).
+        0 and nothing stored for a size of 0. A failure answers the code negated (a positive
+        number), as Mooncake's does."""
+        if size == 0:
+            return OK
+        codes = self._put_codes(
+            f"put_from_with_metadata {key!r}",
+            1,
+            "batch_put_parts",
+            [key],
+            [[metadata_buffer_ptr, buffer_ptr]],
+            [[metadata_size, size]],
+            config,
+        )
+        return -codes[0]
+
+    def get_offload_rpc_read_count(self) -> int:
+        """0: Regolith has no offload tier whose reads would be counted."""
+        return 0
+
+    def create_copy_task(self, key: str, targets: list[str]) -> tuple[tuple[int, int], int]:
+        return (0, 0), self._unsupported("create_copy_task")
+
+    def create_move_task(self, key: str, source: str, target: str) -> tuple[tuple[int, int], int]:
+        return (0, 0), self._unsupported("create_move_task")
+
+    def query_task(self, task_id: tuple[int, int]) -> tuple[None, int]:
+        return None, self._unsupported("query_task")
+
+    def init_all(self, protocol: str, device_name: str, mount_segment_size: int = 16 * 1024 * 1024) -> int:
+        return self._unsupported("init_all")
+
     def _unsupported(self, name: str) -> int:
         """Mooncake's NOT_SUPPORTED, said once per method in the log."""
         if name not in _UNSUPPORTED_NOTED:

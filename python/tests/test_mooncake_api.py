@@ -357,3 +357,18 @@ def test_the_shim_provides_the_new_names():
         assert getattr(store, name) is getattr(mc, name)
     async_store = importlib.import_module("mooncake.async_store")
     assert async_store.MooncakeDistributedStoreAsync is mc.MooncakeDistributedStoreAsync
+
+
+def test_put_from_with_metadata_and_tasks(store, key):
+    k = key()
+    buf = registered(store, 64)
+    buf[:4] = np.frombuffer(b"META", dtype=np.uint8)
+    buf[32:37] = np.frombuffer(b"data!", dtype=np.uint8)
+    p = buf.ctypes.data
+    assert store.put_from_with_metadata(k, p + 32, p, 5, 4) == 0
+    assert store.get(k) == b"METAdata!"
+    assert store.put_from_with_metadata(key(), p + 32, p, 0, 4) == 0
+    assert store.put_from_with_metadata(key(), 12345, p, 5, 4) == 600, "Mooncake negates it"
+    assert store.create_copy_task(k, ["node-1"]) == ((0, 0), -1012)
+    assert store.query_task((1, 2)) == (None, -1012)
+    assert store.get_offload_rpc_read_count() == 0
