@@ -30,7 +30,10 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence
+
+if TYPE_CHECKING:
+    import torch
 
 HEADER_SIZE = 304
 MAGIC = 0x4D4F4F4E
@@ -125,7 +128,9 @@ def _torch_dtype(code: int) -> Any:
     return getattr(torch, DTYPES[code][0], None)
 
 
-def pack(tensor: Any, *, shard: Optional[tuple[int, int, int, Sequence[int]]] = None):
+def pack(
+    tensor: Any, *, shard: Optional[tuple[int, int, int, Sequence[int]]] = None
+) -> tuple[bytes, memoryview]:
     """Serialize ``tensor`` as Mooncake does: ``(header bytes, memoryview of the data)``.
 
     The object is ``header + data``. The data is the C-contiguous tensor's bytes; when the tensor
@@ -273,7 +278,7 @@ def _valid_axis(axis: LayoutAxis, ndim: int) -> bool:
     )
 
 
-def unpack(buf: Any):
+def unpack(buf: Any) -> Optional[torch.Tensor]:
     """Decode a stored object into a CPU tensor that owns a copy of the data; None if invalid.
 
     ``buf`` is any bytes-like object holding exactly the object's bytes. The copy lets the
@@ -290,7 +295,7 @@ def unpack(buf: Any):
     return _as_tensor(header, view, copy=True)
 
 
-def unpack_view(address_or_buffer: Any, size: int):
+def unpack_view(address_or_buffer: Any, size: int) -> Optional[torch.Tensor]:
     """Decode the object of ``size`` bytes at the start of caller memory, viewing its data.
 
     Like Mooncake's ``get_tensor_into``: the tensor views the caller's memory at
@@ -319,7 +324,7 @@ def unpack_view(address_or_buffer: Any, size: int):
     return _as_tensor(header, view, copy=False)
 
 
-def _as_tensor(header: Header, view: memoryview, *, copy: bool):
+def _as_tensor(header: Header, view: memoryview, *, copy: bool) -> Optional[torch.Tensor]:
     """A tensor of the header's shape and dtype over the data in ``view`` (copied if ``copy``).
 
     Goes through a uint8 numpy array because numpy has no bfloat16 or float8; ``view(dtype)``
@@ -339,7 +344,7 @@ def _as_tensor(header: Header, view: memoryview, *, copy: bool):
     return torch.from_numpy(data).view(dtype).reshape(header.local_shape)
 
 
-def tp_shards(tensor: Any, tp_size: int, split_dim: int):
+def tp_shards(tensor: Any, tp_size: int, split_dim: int) -> Optional[list[torch.Tensor]]:
     """Mooncake's TP split of ``tensor``: ``tp_size`` contiguous shards, or None if refused.
 
     Shard ``r`` is ``tensor.narrow(split_dim, dim*r//n, dim*(r+1)//n - dim*r//n)``. Mooncake
