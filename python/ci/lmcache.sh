@@ -5,8 +5,10 @@
 # override with REGOLITH_LMCACHE_VENV), installs the current `regolith` wheel and the
 # mooncake.store shim into it, and runs python/tests/test_lmcache.py (LMCache's
 # MooncakestoreConnector with save_chunk_meta true and false, its RemoteBackend from the seed
-# configuration as written, the `regolith` remote-storage plugin without the shim) plus the
-# torch.frombuffer test, against loopback clusters started with `regolith up`.
+# configuration as written, the `regolith` remote-storage plugin without the shim), the
+# torch.frombuffer test and Mooncake's tensor API (test_tensor_layout.py: the object layout
+# against objects Mooncake itself wrote; test_mooncake_tensors.py: every tensor method), against
+# loopback clusters started with `regolith up`.
 #
 # CPU only: no GPU, no vLLM. PyPI's torch for x86_64 Linux is the CUDA build (torch plus the
 # nvidia-* wheels it depends on, about 3 GB to download, 6 GB installed); it imports and runs on
@@ -71,6 +73,7 @@ install_wheels "$venv/bin/python"
 # The LMCache tests skip themselves where lmcache is missing: here that must be a failure.
 "$venv/bin/python" -P -c "import lmcache, torch, mooncake.store, regolith.lmcache"
 
-step "pytest: LMCache on Regolith"
+step "pytest: LMCache on Regolith, and Mooncake's tensor API (torch is here)"
 "$venv/bin/python" -P -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning \
-  python/tests/test_lmcache.py python/tests/test_client.py::test_torch_frombuffer "$@"
+  python/tests/test_lmcache.py python/tests/test_client.py::test_torch_frombuffer \
+  python/tests/test_tensor_layout.py python/tests/test_mooncake_tensors.py "$@"
