@@ -54,6 +54,7 @@ __all__ = [
     "MemoryDescriptor",
     "MooncakeDistributedStore",
     "MooncakeDistributedStoreAsync",
+    "MooncakeHostMemAllocator",
     "ObjectDataType",
     "ReplicaDescriptor",
     "ReplicaStatus",
@@ -559,6 +560,11 @@ class MooncakeDistributedStore:
             return [1 if x else 0 for x in self._c().batch_exists(keys)]
         except RegolithError as e:
             return [self._fail("batch_is_exist", e)] * len(keys)
+
+    def batch_probe_key(self, keys: list[str]) -> list[int]:
+        """``batch_is_exist`` under the name vLLM's selective-lease mode asks for: existence
+        checks never take or extend a read lease on Regolith."""
+        return self.batch_is_exist(keys)
 
     def remove(self, key: str, force: bool = False) -> int:
         return self._status(f"remove {key!r}", "remove", key)
@@ -1369,6 +1375,44 @@ class MooncakeDistributedStore:
             )
         return NOT_SUPPORTED
 
+
+
+class MooncakeHostMemAllocator:
+    """Host memory for a store's buffers (Mooncake's allocator for its dummy client): private
+    anonymous pages, usable with ``register_buffer``. ``alloc`` answers the address (0 on
+    failure), ``free`` 0 or -1."""
+
+    _PROT_RW = 0x1 | 0x2
+    _MAP_PRIVATE_ANON = 0x02 | 0x20
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._libc.mmap.restype = ctypes.c_void_p
+        self._libc.mmap.argtypes = [
+            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long,
+        ]
+        self._libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self._sizes: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def alloc(self, size: int) -> int:
+        if size <= 0:
+            return 0
+        p = self._libc.mmap(None, size, self._PROT_RW, self._MAP_PRIVATE_ANON, -1, 0)
+        if p is None or p == 2**64 - 1:  # MAP_FAILED
+            return 0
+        with self._lock:
+            self._sizes[p] = size
+        return p
+
+    def free(self, ptr: int) -> int:
+        with self._lock:
+            size = self._sizes.pop(ptr, None)
+        if size is None:
+            return -1
+        return 0 if self._libc.munmap(ptr, size) == 0 else -1
 
 
 class MooncakeDistributedStoreAsync(MooncakeDistributedStore):

@@ -353,7 +353,13 @@ def test_the_shim_provides_the_new_names():
     import importlib
 
     store = importlib.import_module("mooncake.store")
-    for name in ("ReplicaDescriptor", "ReplicaStatus", "SoftPinAction", "ObjectDataType"):
+    for name in (
+        "ReplicaDescriptor",
+        "ReplicaStatus",
+        "SoftPinAction",
+        "ObjectDataType",
+        "MooncakeHostMemAllocator",
+    ):
         assert getattr(store, name) is getattr(mc, name)
     async_store = importlib.import_module("mooncake.async_store")
     assert async_store.MooncakeDistributedStoreAsync is mc.MooncakeDistributedStoreAsync
@@ -372,3 +378,19 @@ def test_put_from_with_metadata_and_tasks(store, key):
     assert store.create_copy_task(k, ["node-1"]) == ((0, 0), -1012)
     assert store.query_task((1, 2)) == (None, -1012)
     assert store.get_offload_rpc_read_count() == 0
+
+
+def test_host_memory_allocator_and_probe(store, key):
+    a = mc.MooncakeHostMemAllocator()
+    p = a.alloc(1 << 20)
+    assert p != 0
+    assert store.register_buffer(p, 1 << 20) == 0
+    store.client.write_into(p, b"from allocator memory")
+    k = key()
+    assert store.put_from(k, p, 21) == 0
+    assert store.get(k) == b"from allocator memory"
+    assert store.batch_probe_key([k, key("missing")]) == [1, 0]
+    assert store.unregister_buffer(p) == 0
+    assert a.free(p) == 0
+    assert a.free(p) == -1
+    assert a.alloc(0) == 0

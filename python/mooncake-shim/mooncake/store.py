@@ -9,6 +9,7 @@ from regolith.mooncake import (  # noqa: F401
     DiskDescriptor,
     MemoryDescriptor,
     MooncakeDistributedStore,
+    MooncakeHostMemAllocator,
     ObjectDataType,
     ReplicaDescriptor,
     ReplicaStatus,
