@@ -8,7 +8,8 @@
 # configuration as written, the `regolith` remote-storage plugin without the shim), the
 # torch.frombuffer test and Mooncake's tensor API (test_tensor_layout.py: the object layout
 # against objects Mooncake itself wrote; test_mooncake_tensors.py: every tensor method), against
-# loopback clusters started with `regolith up`.
+# loopback clusters started with `regolith up`; and SGLang HiCache's Mooncake backend class
+# (test_sglang.py; sglang itself is added without its dependency tree, see below).
 #
 # CPU only: no GPU, no vLLM. PyPI's torch for x86_64 Linux is the CUDA build (torch plus the
 # nvidia-* wheels it depends on, about 3 GB to download, 6 GB installed); it imports and runs on
@@ -66,6 +67,23 @@ else
   touch "$venv/.complete"
 fi
 
+# SGLang, for its HiCache Mooncake backend (test_sglang.py): the wheel without its dependency
+# tree (which pins GPU kernels and a torch of its own), plus the small packages that the
+# backend module's imports reach, pinned; about 300 MB, once per cached venv.
+sglang_version=0.5.23
+sglang_pkgs=("sglang==$sglang_version" orjson==3.13.0 pybase64==1.5.1 pillow==13.0.0
+  ipython==9.18.1 traitlets==5.16.1 torchvision==0.29.2 dill==0.4.1 apache-tvm-ffi==0.1.15.post2
+  sentencepiece==0.2.3 compressed-tensors==0.20.1 loguru==0.7.3 gguf==0.19.0)
+if ! "$venv/bin/python" - "$sglang_version" 2>/dev/null <<'PY'
+import importlib.metadata as m, sys
+sys.exit(0 if m.version("sglang") == sys.argv[1] else 1)
+PY
+then
+  step "adding sglang $sglang_version (no dependencies) to $venv"
+  "$venv/bin/python" -m pip install -q --progress-bar off --no-cache-dir --no-deps "${sglang_pkgs[@]}"
+fi
+"$venv/bin/python" -c "import sglang.srt.mem_cache.storage.mooncake_store.mooncake_store"
+
 build_daemons
 [ -n "${REGOLITH_WHEELS_BUILT:-}" ] || build_wheels
 install_wheels "$venv/bin/python"
@@ -73,7 +91,8 @@ install_wheels "$venv/bin/python"
 # The LMCache tests skip themselves where lmcache is missing: here that must be a failure.
 "$venv/bin/python" -P -c "import lmcache, torch, mooncake.store, regolith.lmcache"
 
-step "pytest: LMCache on Regolith, and Mooncake's tensor API (torch is here)"
+step "pytest: LMCache and SGLang on Regolith, and Mooncake's tensor API (torch is here)"
 "$venv/bin/python" -P -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning \
   python/tests/test_lmcache.py python/tests/test_client.py::test_torch_frombuffer \
-  python/tests/test_tensor_layout.py python/tests/test_mooncake_tensors.py "$@"
+  python/tests/test_tensor_layout.py python/tests/test_mooncake_tensors.py \
+  python/tests/test_sglang.py "$@"

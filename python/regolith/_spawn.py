@@ -148,7 +148,10 @@ class SpawnedSidecar:
         timeout: float | None = None,
         protocol: str = "",
         device_name: str = "",
+        socket_path: str | None = None,
     ) -> "SpawnedSidecar":
+        """Starts one and waits until it serves. Its socket is private (in its temp dir)
+        unless ``socket_path`` names one for other processes of the node to use."""
         if not metad:
             raise ConnectError(
                 "cannot start a sidecar: master_server_address (the metad replicas, "
@@ -156,7 +159,12 @@ class SpawnedSidecar:
             )
         exe = find_binary(binary)
         tmp = Path(tempfile.mkdtemp(prefix="regolith-sidecar-"))
-        sock, log = tmp / "sidecar.sock", tmp / "sidecar.log"
+        sock, log = (Path(socket_path) if socket_path else tmp / "sidecar.sock"), tmp / "sidecar.log"
+        if socket_path:
+            sock.parent.mkdir(parents=True, exist_ok=True)
+            if _serves(sock):
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise ConnectError(f"a sidecar already serves at {sock}")
         args = cls._args(exe, node_name, metad, segment_size, sock, tmp / "state")
         args += transport_args(protocol, device_name)
         logger.info("starting a private sidecar: %s", " ".join(args))
