@@ -173,6 +173,8 @@ struct Sim {
     /// Every reservation handed out and not known to have ended: version → extents per segment.
     issued: BTreeMap<Version, Vec<Replica>>,
     quarantined: BTreeMap<SegmentId, Vec<Version>>,
+    /// Upserts applied over an existing object of their key.
+    replaced: u64,
 }
 
 impl Sim {
@@ -194,6 +196,7 @@ impl Sim {
             term: 1,
             issued: BTreeMap::new(),
             quarantined: BTreeMap::new(),
+            replaced: 0,
         }
     }
 
@@ -241,6 +244,14 @@ impl Sim {
         }
     }
 
+    fn existing_key(&self, a: u64) -> Option<String> {
+        let n = self.core.sm().key_count();
+        (n > 0).then(|| {
+            let (k, _) = self.core.sm().objects().nth((a % n as u64) as usize)?;
+            Some(k.to_string())
+        })?
+    }
+
     fn step(&mut self, op: u8, a: u64, b: u64) {
         let segs = self.segs();
         match op % 12 {
@@ -255,8 +266,11 @@ impl Sim {
                 self.core.apply(&cmd, self.now);
             }
             1 | 2 => {
+                // Some replace an object that exists (upserts); the others are puts of any key.
+                let upsert = b % 5 == 3;
+                let existing = upsert.then(|| self.existing_key(a)).flatten();
                 let req = PutRequest {
-                    key: format!("k{}", a % 32),
+                    key: existing.unwrap_or_else(|| format!("k{}", a % 32)),
                     size: 1 + b % 12_000,
                     replicas: 1 + (a % 2) as u32,
                     prefer_local: b.is_multiple_of(2),
@@ -266,6 +280,7 @@ impl Sim {
                         1 => PinKind::Soft,
                         _ => PinKind::None,
                     },
+                    upsert,
                     ..Default::default()
                 };
                 let now = self.now;
@@ -313,9 +328,14 @@ impl Sim {
                             l.commit_failed(v)
                         }
                     } else {
+                        let replacing = match &cmd {
+                            Command::UpsertPut { key, .. } => self.core.sm().contains(key),
+                            _ => false,
+                        };
                         let out = self.core.apply(&cmd, self.now);
                         if out == Outcome::Committed {
                             self.issued.remove(&v);
+                            self.replaced += u64::from(replacing);
                         }
                     }
                 }
@@ -643,6 +663,11 @@ fn simulation_exercises_the_interesting_paths() {
     let c = sim.core.sm().counters();
     assert!(max_objects >= 5, "objects: {max_objects}");
     assert!(max_quarantined >= 1, "quarantined: {max_quarantined}");
+    assert!(
+        sim.replaced >= 3,
+        "upserts over existing objects: {}",
+        sim.replaced
+    );
     assert!(
         c.committed_objects >= 20 && c.evicted_objects + c.removed_objects >= 5,
         "{c:?}"
