@@ -233,68 +233,60 @@ impl AsyncClient {
                     None,
                 ))
             }
-            Source::Bytes(b) if b.len() <= INLINE_PUT => {
-                let region = pb::Region {
-                    r#where: Some(pb::region::Where::Inline(pb::Inline {
-                        data: b.to_vec(),
-                        max_len: 0,
-                    })),
-                };
-                let ck = checksum::checksum(seed, b);
-                Ok((
-                    pb::PutCommitItem {
-                        version,
-                        checksum: ck,
-                        checksum_known: true,
-                        source: Some(region),
-                    },
-                    None,
-                ))
-            }
+            Source::Bytes(b) if b.len() <= INLINE_PUT => Ok(inline_item(version, seed, b.to_vec())),
             Source::Parts(parts) if size <= INLINE_PUT => {
-                let data = gather::join(parts);
-                let ck = checksum::checksum(seed, &data);
-                let region = pb::Region {
-                    r#where: Some(pb::region::Where::Inline(pb::Inline { data, max_len: 0 })),
-                };
-                Ok((
-                    pb::PutCommitItem {
-                        version,
-                        checksum: ck,
-                        checksum_known: true,
-                        source: Some(region),
-                    },
-                    None,
-                ))
+                Ok(inline_item(version, seed, gather::join(parts)))
             }
             Source::Parts(parts) => {
                 let held = self.lend(s, size as u64).await?;
                 gather::for_each_chunk(parts, |i, chunk| {
                     held.write_hashed_at(s, i * checksum::CHUNK, chunk, seed, &mut hashes[i..=i])
                 })?;
-                let item = pb::PutCommitItem {
-                    version,
-                    checksum: checksum::combine(seed, &hashes),
-                    checksum_known: true,
-                    source: Some(held.region(size as u64)),
-                };
-                Ok((item, Some(held)))
+                Ok(staged_item(version, seed, &hashes, held, size))
             }
             Source::Bytes(b) => {
                 let held = self.lend(s, b.len() as u64).await?;
                 held.write_hashed(s, b, seed, &mut hashes)?;
-                let item = pb::PutCommitItem {
-                    version,
-                    checksum: checksum::combine(seed, &hashes),
-                    checksum_known: true,
-                    source: Some(held.region(b.len() as u64)),
-                };
-                Ok((item, Some(held)))
+                Ok(staged_item(version, seed, &hashes, held, size))
             }
         }
     }
 
     // ------------------------------------------------------------------ gets
+}
+
+/// A commit whose bytes travel inline in the frame, with their checksum.
+fn inline_item(
+    version: Option<pb::Version>,
+    seed: u64,
+    data: Vec<u8>,
+) -> (pb::PutCommitItem, Option<Held>) {
+    let item = pb::PutCommitItem {
+        version,
+        checksum: checksum::checksum(seed, &data),
+        checksum_known: true,
+        source: Some(pb::Region {
+            r#where: Some(pb::region::Where::Inline(pb::Inline { data, max_len: 0 })),
+        }),
+    };
+    (item, None)
+}
+
+/// A commit whose bytes wait in lent memory (staging or a temporary buffer), hashed.
+fn staged_item(
+    version: Option<pb::Version>,
+    seed: u64,
+    hashes: &[u64],
+    held: Held,
+    size: usize,
+) -> (pb::PutCommitItem, Option<Held>) {
+    let item = pb::PutCommitItem {
+        version,
+        checksum: checksum::combine(seed, hashes),
+        checksum_known: true,
+        source: Some(held.region(size as u64)),
+    };
+    (item, Some(held))
 }
 
 /// Runs `f` on the source bytes (a registered buffer is viewed in place; a gather list is
