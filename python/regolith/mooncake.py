@@ -203,6 +203,14 @@ class MooncakeDistributedStore(TensorMethods):
         cfg = parse_setup(args, kwargs)
         if cfg.ignored:
             logger.debug("setup keys Regolith does not use: %s", sorted(cfg.ignored))
+        tenant = str(cfg.ignored.get("tenant_id") or "default")
+        if tenant != "default":
+            logger.warning(
+                "tenant_id %r: Regolith has one key space for every tenant (keys are not "
+                "separated by tenant; give each tenant its own key prefix); see "
+                "docs/mooncake-api.md",
+                tenant,
+            )
         _note_protocol(cfg.protocol)
         self.close()
         socket = cfg.sidecar_socket or os.environ.get("REGOLITH_SOCKET") or DEFAULT_SOCKET

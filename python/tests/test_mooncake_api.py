@@ -296,6 +296,14 @@ def test_replicate_config_has_every_mooncake_field(store, key):
 # ---------------------------------------------------------------- the dummy client, memory
 
 
+def test_a_tenant_id_is_said_to_share_the_key_space(cluster, caplog):
+    s = mc.MooncakeDistributedStore()
+    with caplog.at_level("WARNING", logger="regolith.mooncake"):
+        assert s.setup(dict(SEED, sidecar_socket=cluster.socket(0), tenant_id="team-b")) == 0
+    s.close()
+    assert any("one key space for every tenant" in r.getMessage() for r in caplog.records)
+
+
 def test_setup_dummy_uses_the_nodes_sidecar(cluster, monkeypatch, key):
     monkeypatch.setenv("REGOLITH_SOCKET", cluster.socket(1))
     s = mc.MooncakeDistributedStore()
