@@ -130,6 +130,7 @@ mod tests {
             }
         }
         assert_eq!(Op::from_u16(0xFFFF), Some(Op::Error));
-        assert_eq!(Op::from_u16(14), None);
+        assert_eq!(Op::from_u16(14), Some(Op::ListKeys));
+        assert_eq!(Op::from_u16(15), None);
     }
 }
