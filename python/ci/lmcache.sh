@@ -8,7 +8,8 @@
 # MooncakestoreConnector with save_chunk_meta true and false, its RemoteBackend from the seed
 # configuration as written, the `regolith` remote-storage plugin without the shim), the
 # torch.frombuffer test and Mooncake's tensor API (test_tensor_layout.py: the object layout
-# against objects Mooncake itself wrote; test_mooncake_tensors.py: every tensor method), against
+# against objects Mooncake itself wrote; test_mooncake_tensors.py: every tensor method;
+# test_mooncake_parallelism.py: the parallelism forms against Mooncake's own writes), against
 # loopback clusters started with `regolith up`; SGLang HiCache's Mooncake backend class
 # (test_sglang.py); vLLM's own MooncakeStoreConnector (test_vllm_store_connector.py); and
 # `vllm serve` on vLLM's CPU platform with LMCache storing the KV cache in Regolith, end to end
@@ -105,5 +106,6 @@ step "pytest: LMCache, SGLang and vLLM on Regolith, and Mooncake's tensor API (t
 "$venv/bin/python" -P -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning \
   python/tests/test_lmcache.py python/tests/test_client.py::test_torch_frombuffer \
   python/tests/test_tensor_layout.py python/tests/test_mooncake_tensors.py \
+  python/tests/test_mooncake_parallelism.py \
   python/tests/test_sglang.py python/tests/test_vllm_store_connector.py \
   python/tests/test_vllm_e2e.py "$@"

@@ -1,8 +1,8 @@
 """Mooncake's tensor methods of ``MooncakeDistributedStore`` (a mixin): objects in Mooncake's
 tensor layout (``regolith._tensor``: a 304-byte header, then the tensor's bytes), put as two
 pieces without a joined copy and read back as CPU tensors; tensor-parallel shards under
-Mooncake's ``key_tp_r`` names; safetensors files. torch is needed only by the calls that take or
-return tensors."""
+Mooncake's ``key_tp_r`` names; safetensors files (the parallelism forms are
+``_mooncake_parallelism``). torch is needed only by the calls that take or return tensors."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from ._native import RegolithError, ReplicateConfig
 
 logger = logging.getLogger("regolith.mooncake")
 
-_SHARDED = "sharded parallelism layouts (manifests, writer partitions, resharding reads)"
 _CUDA_IPC = "CUDA IPC of Mooncake's dummy client; get_tensor_into reads into host memory"
 
 
@@ -152,7 +151,13 @@ class TensorMethods:
         return self._put_tensor_objects("batch_upsert_tensor_from", keys, buffer_ptrs, sizes, True)
 
     def _put_tensor_objects(
-        self, what: str, keys: list[str], ptrs: list[int], sizes: list[int], upsert: bool
+        self,
+        what: str,
+        keys: list[str],
+        ptrs: list[int],
+        sizes: list[int],
+        upsert: bool,
+        config: ReplicateConfig | None = None,
     ) -> list[int]:
         """Any entry that is not one whole tensor object makes every key -600 (Mooncake's)."""
         if not len(keys) == len(ptrs) == len(sizes) or any(
@@ -160,8 +165,8 @@ class TensorMethods:
         ):
             return [INVALID_PARAMS] * len(keys)
         if upsert:
-            return self._codes(what, len(keys), "batch_put_from", keys, ptrs, sizes, None, upsert=True)
-        return self._put_codes(what, len(keys), "batch_put_from", keys, ptrs, sizes, None)
+            return self._codes(what, len(keys), "batch_put_from", keys, ptrs, sizes, config, upsert=True)
+        return self._put_codes(what, len(keys), "batch_put_from", keys, ptrs, sizes, config)
 
     # Tensor parallelism: shard r of `key` is the object `key_tp_r` (Mooncake's names), split
     # evenly along `split_dim`; every call writes all `tp_size` shards, whatever `tp_rank`.
@@ -294,45 +299,6 @@ class TensorMethods:
         objs = [self._tensor_object_at("put_tensor_with_tp_from", p, n) for p, n in zip(buffer_ptrs, sizes)]
         tensors = [None if o is None else _tensor.unpack(o) for o in objs]
         return self._put_tp("batch_put_tensor_with_tp_from", base_keys, tensors, None, tp_size, split_dim)
-
-    # The parallelism forms: with no parallelism and no writer partition they store and read
-    # whole tensors, as Mooncake's do; sharded layouts with manifests are not implemented.
-
-    def put_tensor_with_parallelism(
-        self,
-        key: str,
-        tensor: Any,
-        parallelism: Any = None,
-        config: ReplicateConfig | None = None,
-        writer_partition: Any = None,
-    ) -> int:
-        if parallelism is not None or writer_partition is not None:
-            return self._unsupported("put_tensor_with_parallelism", _SHARDED)
-        return self._put_tensors("put_tensor_with_parallelism", [key], [tensor], config)[0]
-
-    def batch_put_tensor_with_parallelism(
-        self,
-        keys: list[str],
-        tensors_list: list[Any],
-        parallelisms: Any = None,
-        config: ReplicateConfig | None = None,
-        writer_partitions: Any = None,
-    ) -> list[int]:
-        if parallelisms is not None or writer_partitions is not None:
-            return [self._unsupported("batch_put_tensor_with_parallelism", _SHARDED)] * len(keys)
-        return self._put_tensors("batch_put_tensor_with_parallelism", keys, tensors_list, config)
-
-    def get_tensor_with_parallelism(self, key: str, target: Any = None) -> Any:
-        if target is not None and getattr(target, "mode", "as_stored") != "as_stored":
-            self._unsupported("get_tensor_with_parallelism", _SHARDED)
-            return None
-        return self.get_tensor(key)
-
-    def batch_get_tensor_with_parallelism(self, keys: list[str], targets: Any = None) -> list[Any]:
-        if targets is not None:
-            self._unsupported("batch_get_tensor_with_parallelism", _SHARDED)
-            return [None] * len(keys)
-        return self.batch_get_tensor(keys)
 
     def get_tensor_into_cuda(self, key: str, tensor: Any) -> int:
         return self._unsupported("get_tensor_into_cuda", _CUDA_IPC)

@@ -364,3 +364,89 @@ def tp_shards(tensor: Any, tp_size: int, split_dim: int) -> Optional[list[torch.
         end = dim * (rank + 1) // tp_size
         shards.append(tensor.narrow(split_dim, start, end - start).contiguous())
     return shards
+
+
+# ---------------------------------------------------------------------------------------------
+# Parallelism layouts: multi-axis shard headers and the 96-byte manifests Mooncake writes next
+# to them (``store_py_internal.h``: ``WriterShardManifest``, ``ParallelismManifest``).
+
+AXIS_KIND_NAMES = ("dp", "tp", "ep", "pp")
+
+MANIFEST_SIZE = 96
+MANIFEST_MAGIC = 0x574D414E
+MANIFEST_VERSION = 1
+_MANIFEST_HEADER = struct.Struct("<IHHiiiii")
+_MANIFEST_SHAPE_OFFSET = 32
+
+
+class Manifest(NamedTuple):
+    """A parsed manifest: the full tensor's dtype and shape, its split dim and shard count."""
+
+    dtype: int
+    split_dim: int
+    shard_count: int
+    global_shape: tuple[int, ...]
+
+
+def pack_layout(
+    tensor: Any, global_shape: Sequence[int], axes: Sequence[LayoutAxis]
+) -> tuple[bytes, memoryview]:
+    """Like :func:`pack`, for a SHARD object of ``global_shape`` with any axes (up to 4).
+
+    Raises ValueError for what Mooncake's put refuses (see :func:`pack`)."""
+    header, data = pack(tensor)
+    code = struct.unpack_from("<i", header, 8)[0]
+    if len(axes) > MAX_AXES or len(global_shape) != tensor.dim():
+        raise ValueError("invalid shard layout")
+    return shard_header(code, global_shape, tuple(tensor.shape), axes, data.nbytes), data
+
+
+def shard_header(
+    code: int,
+    global_shape: Sequence[int],
+    local_shape: Sequence[int],
+    axes: Sequence[LayoutAxis],
+    data_bytes: int,
+    layout_kind: int = LAYOUT_SHARD,
+) -> bytes:
+    """Mooncake's ``BuildTensorMetadata`` for a shard (or, with LAYOUT_FULL, a full tensor)."""
+    return _build_header(code, tuple(global_shape), tuple(local_shape), layout_kind, tuple(axes), data_bytes)
+
+
+def pack_manifest(dtype: int, global_shape: Sequence[int], split_dim: int, shard_count: int) -> bytes:
+    """A manifest's 96 bytes: ``{u32 magic, u16 version, u16 size, i32 dtype, i32 ndim,
+    i32 split_dim, i32 shard_count, i32 reserved0}``, 4 pad bytes, ``i64 global_shape[8]``."""
+    buf = bytearray(MANIFEST_SIZE)
+    _MANIFEST_HEADER.pack_into(
+        buf, 0, MANIFEST_MAGIC, MANIFEST_VERSION, MANIFEST_SIZE, dtype, len(global_shape),
+        split_dim, shard_count, 0,
+    )
+    _SHAPE.pack_into(buf, _MANIFEST_SHAPE_OFFSET, *_padded(global_shape))
+    return bytes(buf)
+
+
+def read_manifest(buf: Any) -> Optional[Manifest]:
+    """Parse a manifest with Mooncake's checks (``parse_writer_shard_manifest``); None if
+    invalid."""
+    if buf is None:
+        return None
+    view = memoryview(buf).cast("B")
+    if view.nbytes < MANIFEST_SIZE:
+        return None
+    magic, version, size, dtype, ndim, split_dim, count, _ = _MANIFEST_HEADER.unpack_from(view, 0)
+    if (magic, version, size) != (MANIFEST_MAGIC, MANIFEST_VERSION, MANIFEST_SIZE):
+        return None
+    if not 0 <= ndim <= MAX_DIMS or count <= 0 or not 0 <= split_dim < ndim:
+        return None
+    shape = _SHAPE.unpack_from(view, _MANIFEST_SHAPE_OFFSET)[:ndim]
+    if any(d < 0 for d in shape):
+        return None
+    return Manifest(dtype, split_dim, count, tuple(shape))
+
+
+def shard_range(dim: int, rank: int, count: int) -> tuple[int, int]:
+    """Mooncake's ``calculate_shard_range``: (start, extent) of shard ``rank`` of ``count``."""
+    if dim < 0 or count <= 0 or not 0 <= rank < count:
+        return 0, 0
+    start = dim * rank // count
+    return start, dim * (rank + 1) // count - start

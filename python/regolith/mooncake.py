@@ -34,6 +34,12 @@ import threading
 from typing import Any
 
 from . import _native
+from ._mooncake_parallelism import (
+    ParallelAxis,
+    ParallelismMethods,
+    ReadTarget,
+    TensorParallelism,
+)
 from ._mooncake_tensors import TensorMethods
 from ._mooncake_types import (
     INTERNAL_ERROR,
@@ -74,10 +80,13 @@ __all__ = [
     "MooncakeDistributedStoreAsync",
     "MooncakeHostMemAllocator",
     "ObjectDataType",
+    "ParallelAxis",
+    "ReadTarget",
     "ReplicaDescriptor",
     "ReplicaStatus",
     "ReplicateConfig",
     "SoftPinAction",
+    "TensorParallelism",
     "bind_to_numa_node",
 ]
 
@@ -180,7 +189,7 @@ def _same_shape(outer: list, *inner: list) -> bool:
     return all(len(a) == len(b) for x in inner for a, b in zip(outer, x))
 
 
-class MooncakeDistributedStore(TensorMethods):
+class MooncakeDistributedStore(TensorMethods, ParallelismMethods):
     """Mooncake's store object, backed by the node's Regolith sidecar."""
 
     def __init__(self) -> None:

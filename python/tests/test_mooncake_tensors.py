@@ -192,11 +192,11 @@ def test_tensor_parallel_shards(store, store_b, key):
     assert same(store_b.get_tensor_with_tp(k3, tp_rank=0, tp_size=2), full[:2])
 
 
-def test_parallelism_forms_store_whole_tensors_and_refuse_sharding(store, key):
+def test_parallelism_forms_store_whole_tensors_and_refuse_bad_requests(store, key):
     k = key()
     assert store.put_tensor_with_parallelism(k, torch.ones(2)) == 0
     assert same(store.get_tensor_with_parallelism(k), torch.ones(2))
-    assert store.put_tensor_with_parallelism(key(), torch.ones(2), parallelism=object()) == -1012
+    assert store.put_tensor_with_parallelism(key(), torch.ones(2), parallelism=object()) == -600, "no axes"
     assert store.get_tensor_into_cuda(k, torch.ones(2)) == -1012
 
 

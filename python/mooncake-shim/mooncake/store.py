@@ -11,9 +11,12 @@ from regolith.mooncake import (  # noqa: F401
     MooncakeDistributedStore,
     MooncakeHostMemAllocator,
     ObjectDataType,
+    ParallelAxis,
+    ReadTarget,
     ReplicaDescriptor,
     ReplicaStatus,
     ReplicateConfig,
     SoftPinAction,
+    TensorParallelism,
     bind_to_numa_node,
 )
