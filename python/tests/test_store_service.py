@@ -79,15 +79,21 @@ def service(cluster, tmp_path):
         text=True,
         env={**os.environ, "REGOLITH_CLUSTER_TOKEN_FILE": str(cluster.token_file)},
     )
-    lines = []
-    while not any("REST API on" in line for line in lines):
-        line = proc.stdout.readline()
-        assert line, "".join(lines) + "(the service exited before it served)"
-        lines.append(line)
-    yield proc, f"http://127.0.0.1:{port}", node, sock
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    try:
+        lines = []
+        while not any("REST API on" in line for line in lines):
+            line = proc.stdout.readline()
+            assert line, "".join(lines) + "(the service exited before it served)"
+            lines.append(line)
+        yield proc, f"http://127.0.0.1:{port}", node, sock
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # the service stops its sidecar, then exits
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def test_rest_api_and_the_sidecar_behind_it(service, client):
