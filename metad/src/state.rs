@@ -293,13 +293,7 @@ impl StateMachine {
             } => {
                 let out =
                     self.commit_put(key, *size, replicas, *checksum, *version, *pin, *expires_ms);
-                fx.push(match out {
-                    Outcome::Committed => Effect::Committed {
-                        version: *version,
-                        key: key.clone(),
-                    },
-                    _ => Effect::CommitRejected { version: *version },
-                });
+                fx.push(commit_effect(&out, key, *version));
                 out
             }
             Command::UpsertPut {
@@ -321,13 +315,7 @@ impl StateMachine {
                     *expires_ms,
                     fx,
                 );
-                fx.push(match out {
-                    Outcome::Committed => Effect::Committed {
-                        version: *version,
-                        key: key.clone(),
-                    },
-                    _ => Effect::CommitRejected { version: *version },
-                });
+                fx.push(commit_effect(&out, key, *version));
                 out
             }
             Command::Remove { keys } => {
@@ -872,4 +860,16 @@ fn to_io(e: bincode::Error) -> std::io::Error {
 
 fn invalid(msg: String) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, msg)
+}
+
+/// What watchers and the leader learn of a commit (`CommitPut` or `UpsertPut`) that answered
+/// `out`.
+fn commit_effect(out: &Outcome, key: &str, version: Version) -> Effect {
+    match out {
+        Outcome::Committed => Effect::Committed {
+            version,
+            key: key.to_string(),
+        },
+        _ => Effect::CommitRejected { version },
+    }
 }
