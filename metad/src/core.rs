@@ -84,7 +84,7 @@ impl Core {
     /// Replaces the state with an installed snapshot. Only followers install snapshots; a leader
     /// state, if any, no longer matches and is dropped.
     pub fn install(&mut self, sm: StateMachine) {
-        self.sm = sm;
+        std::mem::replace(&mut self.sm, sm).detach_snapshots();
         self.leader = None;
         self.feed.reset();
     }
@@ -116,6 +116,29 @@ impl Core {
     pub fn leader_parts(&mut self) -> Option<(&mut Leader, &mut StateMachine)> {
         let l = self.leader.as_mut()?;
         Some((l, &mut self.sm))
+    }
+}
+
+/// Begins a snapshot of `core`'s replicated state, written while applies go on: the writer
+/// takes the core's lock for one object shard at a time (see `objects`).
+pub fn snapshot_view(core: &std::sync::Arc<parking_lot::Mutex<Core>>) -> crate::state::StateView {
+    snapshot_view_with(core, |_| {})
+}
+
+/// [`snapshot_view`], calling `look` on the state it begins from (under the same lock).
+pub fn snapshot_view_with(
+    core: &std::sync::Arc<parking_lot::Mutex<Core>>,
+    look: impl FnOnce(&StateMachine),
+) -> crate::state::StateView {
+    let (start, objects) = {
+        let mut c = core.lock();
+        look(&c.sm);
+        c.sm.begin_snapshot()
+    };
+    let core = core.clone();
+    crate::state::StateView {
+        start,
+        take: Box::new(move |i| objects.take_shard(core.lock().sm.objects_table(), i)),
     }
 }
 

@@ -37,6 +37,7 @@ pub struct Metrics {
     pub fsyncs: IntGauge,
     pub appended_entries: IntGauge,
     pub snapshots_built: IntGauge,
+    pub snapshots_installed: IntGauge,
     pub snapshot_bytes: IntGauge,
     pub watch_streams: IntGauge,
     pub watch_resyncs: IntCounter,
@@ -183,6 +184,11 @@ impl Metrics {
                 "Entries appended to the Raft log",
             ),
             snapshots_built: gauge(&r, "snapshots_built", "Snapshots built"),
+            snapshots_installed: gauge(
+                &r,
+                "snapshots_installed",
+                "Snapshots received from a leader and installed",
+            ),
             snapshot_bytes: gauge(&r, "snapshot_bytes", "Size of the last snapshot"),
             watch_streams: gauge(&r, "watch_streams", "Watch streams this replica serves"),
             watch_resyncs: counter(

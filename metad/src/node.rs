@@ -290,6 +290,8 @@ impl Node {
         m.appended_entries
             .set(self.storage.appended_entries() as i64);
         m.snapshots_built.set(self.storage.snapshot_builds() as i64);
+        m.snapshots_installed
+            .set(self.storage.snapshot_installs() as i64);
         if let Some(tls) = &self.settings.tls {
             m.tls_reloads.set(tls.reloads() as i64);
             m.tls_reload_failures.set(tls.reload_failures() as i64);

@@ -33,10 +33,10 @@ impl regolith_raft_log::StateMachineCore for MetadSm {
         BatchOutcome::default()
     }
 
-    fn write_snapshot(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
-        // Held for the whole write so the snapshot is one consistent state; snapshots are rare
-        // (see `--snapshot-logs`), and the write is streamed, not buffered.
-        self.core.lock().sm().write_snapshot(w)
+    fn snapshot_view(&self) -> Box<dyn regolith_raft_log::SnapshotView> {
+        // Written while entries and requests go on: the core's lock is taken for one object
+        // shard at a time.
+        Box::new(crate::core::snapshot_view(&self.core))
     }
 
     fn install_snapshot(&mut self, r: &mut dyn std::io::Read) -> std::io::Result<()> {

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::alloc::RangeAlloc;
 use crate::command::{Command, Outcome};
-use crate::objects::{Cursor, Objects};
+use crate::objects::{Cursor, Objects, SnapshotObjects};
 use crate::types::{
     Extent, NodeId, Object, Pin, Replica, Replicas, Segment, SegmentId, SegmentState,
     UnmountReason, Version,
@@ -134,8 +134,9 @@ impl StateMachine {
         self.objects.get_mut(key)
     }
 
-    pub fn objects_mut(&mut self) -> impl Iterator<Item = &mut Object> {
-        self.objects.values_mut()
+    /// Sets the leader-memory access time of `key`'s object and answers it.
+    pub fn touch_object(&mut self, key: &str, access_s: u32) -> Option<&Object> {
+        self.objects.touch(key, access_s)
     }
 
     /// The earliest TTL or soft-pin deadline, if any.
@@ -459,12 +460,19 @@ impl StateMachine {
             self.node_segment.remove(&seg.node);
         }
         let mut orphans = Vec::new();
-        for (key, obj) in self.objects.iter_mut() {
-            let before = obj.replicas.pieces().len();
-            obj.replicas.retain_segments(|s| s != seg);
-            if obj.replicas.pieces().len() == before {
+        // Found first and changed one by one: a shard a snapshot still holds is copied only
+        // when one of its objects loses a replica.
+        let on_seg: Vec<String> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| o.replicas.pieces().iter().any(|p| p.segment() == seg))
+            .map(|(k, _)| k.to_string())
+            .collect();
+        for key in on_seg {
+            let Some(obj) = self.objects.get_mut(&key) else {
                 continue;
-            }
+            };
+            obj.replicas.retain_segments(|s| s != seg);
             if obj.replicas.is_empty() {
                 orphans.push(key.to_string());
             } else {
@@ -736,26 +744,54 @@ impl StateMachine {
 
     // ------------------------------------------------------------------ snapshots
 
-    /// Writes the replicated state (format in the module doc).
+    /// Writes the replicated state (format in the module doc), all at once: for a state nothing
+    /// changes meanwhile (tests, tools). Snapshots of a live replica use [`StateView`].
     pub fn write_snapshot(&self, w: &mut dyn Write) -> std::io::Result<()> {
         w.write_all(SNAPSHOT_MAGIC)?;
         w.write_all(&SNAPSHOT_VERSION.to_le_bytes())?;
-        let header = Header {
+        bincode::serialize_into(&mut *w, &self.snapshot_header()).map_err(to_io)?;
+        for shard in self.objects.shards() {
+            crate::objects::write_shard(shard, w)?;
+        }
+        for kv in &self.meta {
+            bincode::serialize_into(&mut *w, &kv).map_err(to_io)?;
+        }
+        Ok(())
+    }
+
+    fn snapshot_header(&self) -> Header {
+        Header {
             next_node_id: self.next_node_id,
             nodes: self.nodes.clone(),
             segments: self.segments.values().cloned().collect(),
             counters: self.counters.clone(),
             objects: self.objects.len() as u64,
             meta_entries: self.meta.len() as u64,
+        }
+    }
+
+    /// Begins a snapshot of the replicated state as it is now, to be written while applies go
+    /// on: the object table records how to undo its changes until the writer has taken each
+    /// shard (see `objects`); the rest (nodes, segments, the metadata KV, bounded by its
+    /// quotas) is copied. The writer gets each shard with [`SnapshotObjects::take_shard`] on
+    /// this state machine's [`objects_table`](Self::objects_table), under its lock.
+    pub fn begin_snapshot(&mut self) -> (SnapshotStart, SnapshotObjects) {
+        let start = SnapshotStart {
+            header: self.snapshot_header(),
+            meta: self.meta.clone(),
         };
-        bincode::serialize_into(&mut *w, &header).map_err(to_io)?;
-        for (k, o) in self.objects.iter() {
-            bincode::serialize_into(&mut *w, &(k, o)).map_err(to_io)?;
-        }
-        for kv in &self.meta {
-            bincode::serialize_into(&mut *w, &kv).map_err(to_io)?;
-        }
-        Ok(())
+        (start, self.objects.begin_snapshot())
+    }
+
+    /// The objects, for a snapshot writer's [`SnapshotObjects::take_shard`].
+    pub fn objects_table(&self) -> &crate::objects::Objects {
+        &self.objects
+    }
+
+    /// Gives the snapshots being written what they still need of this state before it is
+    /// replaced.
+    pub fn detach_snapshots(self) {
+        self.objects.detach_snapshots();
     }
 
     /// Reads a snapshot written by [`write_snapshot`](Self::write_snapshot), validating that no
@@ -827,6 +863,42 @@ impl StateMachine {
         self.write_snapshot(&mut v)
             .expect("writing to a Vec cannot fail");
         v
+    }
+}
+
+/// What a snapshot begun by [`StateMachine::begin_snapshot`] holds besides the objects.
+pub struct SnapshotStart {
+    header: Header,
+    meta: BTreeMap<String, Vec<u8>>,
+}
+
+/// A snapshot being written while applies go on: `take(i)` answers object shard `i` as it was
+/// when the snapshot began (taking the state's lock for that shard alone).
+pub struct StateView {
+    pub start: SnapshotStart,
+    pub take: Box<dyn FnMut(usize) -> std::io::Result<crate::objects::Shard> + Send>,
+}
+
+impl StateView {
+    /// Writes the snapshot (format in the module doc), one object shard at a time.
+    pub fn write_to(mut self, w: &mut dyn Write) -> std::io::Result<()> {
+        w.write_all(SNAPSHOT_MAGIC)?;
+        w.write_all(&SNAPSHOT_VERSION.to_le_bytes())?;
+        bincode::serialize_into(&mut *w, &self.start.header).map_err(to_io)?;
+        for i in 0..crate::objects::SHARDS {
+            let shard = (self.take)(i)?;
+            crate::objects::write_shard(&shard, w)?;
+        }
+        for kv in &self.start.meta {
+            bincode::serialize_into(&mut *w, &kv).map_err(to_io)?;
+        }
+        Ok(())
+    }
+}
+
+impl regolith_raft_log::SnapshotView for StateView {
+    fn write(self: Box<Self>, w: &mut dyn Write) -> std::io::Result<()> {
+        (*self).write_to(w)
     }
 }
 

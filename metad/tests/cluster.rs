@@ -601,3 +601,85 @@ fn replica_with_a_taken_port_exits_before_raft_starts() {
     }
     drop(held);
 }
+
+/// One of a replica's gauges from its `/metrics` (a few tries: the machine may be busy).
+fn gauge(c: &Cluster, id: u64, name: &str) -> Option<f64> {
+    for _ in 0..20 {
+        if let Ok((200, body)) = http_get(&c.replicas[&id].http, "/metrics") {
+            return body
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+/// Issue 17: a follower that missed more log than the leader keeps (snapshots every 100 entries,
+/// then purged) catches up with exactly one snapshot install, and the leader keeps its term
+/// throughout (the install does not stop the follower from answering heartbeats, nor make it
+/// call an election).
+#[test]
+fn lagging_follower_catches_up_with_one_snapshot_while_the_leader_keeps_its_term() {
+    let mut c = Cluster::start_with(3, &["--snapshot-logs", "100"]);
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let term = c.status(leader).unwrap()["term"].as_u64().unwrap();
+    let follower = *c.replicas.keys().find(|id| **id != leader).unwrap();
+    let rt = runtime();
+    let client = c.client();
+    let (node, generation) = rt.block_on(mount(&client, "node-a", 1 << 30));
+    c.kill(follower);
+    // 600 commits, one entry each: six snapshots' worth, purged behind them.
+    rt.block_on(async {
+        heartbeat(&client, node, generation, vec![]).await;
+        for i in 0..600 {
+            put(&client, &format!("lag-{i}"), 4096, 1).await.unwrap();
+        }
+    });
+    let target = c.status(leader).unwrap()["last_applied"].as_u64().unwrap();
+    assert!(
+        gauge(&c, leader, "regolith_metad_snapshots_built").unwrap_or(0.0) >= 3.0,
+        "the leader built too few snapshots for the test to mean anything"
+    );
+    c.spawn(follower, None, false);
+    let end = Instant::now() + Duration::from_secs(30);
+    let caught_up = loop {
+        let applied = c
+            .status(follower)
+            .and_then(|s| s["last_applied"].as_u64())
+            .unwrap_or(0);
+        if applied >= target {
+            break true;
+        }
+        if Instant::now() > end {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if !caught_up {
+        c.dump_logs();
+    }
+    assert!(
+        caught_up,
+        "follower {follower} did not reach index {target}"
+    );
+    let installed = gauge(&c, follower, "regolith_metad_snapshots_installed");
+    if installed != Some(1.0) {
+        c.dump_logs();
+    }
+    assert_eq!(
+        installed,
+        Some(1.0),
+        "the follower should catch up with exactly one snapshot"
+    );
+    assert_eq!(c.status(follower).unwrap()["keys"].as_u64(), Some(600));
+    let now = c.status(leader).unwrap();
+    assert_eq!(now["role"].as_str(), Some("leader"), "{now}");
+    assert_eq!(now["term"].as_u64(), Some(term), "an election: {now}");
+    assert_eq!(
+        c.status(follower).unwrap()["term"].as_u64(),
+        Some(term),
+        "the follower moved to another term"
+    );
+}

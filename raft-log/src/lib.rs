@@ -11,7 +11,8 @@
 //! ```
 //!
 //! Modules (see each for details):
-//! * `core` — the [`StateMachineCore`] trait the application implements.
+//! * `core` — the [`StateMachineCore`] trait the application implements, and the
+//!   [`SnapshotView`] it hands out for a snapshot.
 //! * `config` — [`StorageConfig`].
 //! * `error` — the crate's [`Error`] and [`Result`].
 //! * `log_store` — [`SledLogStore`]: log, vote and commit index in sled; the sled layout and the
@@ -42,7 +43,7 @@ mod state_machine;
 mod stats;
 
 pub use crate::config::{SledMode, StorageConfig};
-pub use crate::core::StateMachineCore;
+pub use crate::core::{SnapshotView, StateMachineCore};
 pub use crate::error::{Error, Result};
 pub use crate::flusher::FlusherPause;
 pub use crate::log_store::{SledLogStore, LOG_LAYOUT_VERSION};

@@ -27,7 +27,10 @@
 //!   entries are re-applied before the leader tells the node the commit index again. Because of
 //!   prefix recovery, a `committed` that did survive never points past entries that did not.
 //! * `purge` writes `last_purged` before it deletes the entries, so a crash in between leaves
-//!   extra entries below `last_purged` (ignored), never a hole.
+//!   extra entries below `last_purged` (ignored), never a hole. The deletion itself runs on a
+//!   thread of its own at low priority: openraft awaits `purge` in its core, and deleting a
+//!   snapshot's worth of log (hundreds of MB at ten million objects, read back from disk by
+//!   sled) there held up heartbeats for seconds (issue 17).
 
 use std::fmt::Debug;
 use std::marker::PhantomData;
@@ -75,11 +78,24 @@ struct Shared {
     /// Declared first so that it is dropped first: its thread holds a `Db` handle, and joining it
     /// before the other handles go means the database is closed when the last store is dropped.
     flusher: Flusher,
+    /// The first index not purged (0: nothing purged): reads start there.
+    first_kept: std::sync::atomic::AtomicU64,
+    /// The thread deleting purged entries, if one was started (joined on drop).
+    purging: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
     log: sled::Tree,
     meta: sled::Tree,
     path: PathBuf,
     max_read_bytes: u64,
     stats: Arc<StorageStats>,
+}
+
+impl Drop for Shared {
+    /// The purge thread holds a handle on the log tree: it finishes before the database closes.
+    fn drop(&mut self) {
+        if let Some(h) = self.purging.get_mut().take() {
+            let _ = h.join();
+        }
+    }
 }
 
 impl<C> Clone for SledLogStore<C> {
@@ -109,10 +125,20 @@ impl<C> SledLogStore<C> {
         let log = open_tree(&db, LOG_TREE, &path)?;
         let meta = open_tree(&db, META_TREE, &path)?;
         check_layout(&meta, &path)?;
+        let purged: Option<LogId<u64>> = match meta
+            .get(KEY_LAST_PURGED)
+            .map_err(|e| Error::sled("read the meta tree", &path, e))?
+        {
+            Some(bytes) => Some(decode_meta::<LogId<u64>>(KEY_LAST_PURGED, &bytes, &path)?),
+            None => None,
+        };
+        let first_kept = purged.map_or(0, |p| p.index.saturating_add(1));
         let flusher = Flusher::start(db, &path, stats.clone())?;
         Ok(Self {
             shared: Arc::new(Shared {
                 flusher,
+                first_kept: std::sync::atomic::AtomicU64::new(first_kept),
+                purging: parking_lot::Mutex::new(None),
                 log,
                 meta,
                 path,
@@ -178,14 +204,27 @@ pub(crate) fn write_vote_offline(dir: &Path, cfg: &StorageConfig, vote: &Vote<u6
 }
 
 fn open_db(path: &Path, cache_bytes: u64, mode: sled::Mode) -> Result<sled::Db> {
-    sled::Config::new()
+    let config = sled::Config::new()
         .path(path)
         .cache_capacity(cache_bytes)
         .mode(mode)
         // Durability points are chosen by the store (see the module docs), not by a timer.
-        .flush_every_ms(None)
-        .open()
-        .map_err(|e| Error::sled("open the database", path, e))
+        .flush_every_ms(None);
+    // A store of this process dropped a moment ago may still hold sled's file lock while
+    // sled's own I/O threads let go of it: wait a little for it rather than fail.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match config.open() {
+            Err(sled::Error::Io(e))
+                if e.kind() == std::io::ErrorKind::Other
+                    && e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.map_err(|e| Error::sled("open the database", path, e)),
+        }
+    }
 }
 
 fn open_tree(db: &sled::Db, name: &str, path: &Path) -> Result<sled::Tree> {
@@ -252,6 +291,30 @@ pub(crate) fn decode_meta<T: DeserializeOwned>(key: &str, bytes: &[u8], path: &P
     decode(bytes, format!("meta key `{key}`"), path)
 }
 
+/// Deletes the log's entries up to index `upto`, 4096 at a time, by key.
+fn delete_upto(log: &sled::Tree, upto: u64) -> sled::Result<()> {
+    let Some((first, _)) = log.first()? else {
+        return Ok(());
+    };
+    let mut next = match <[u8; 8]>::try_from(first.as_ref()) {
+        Ok(k) => u64::from_be_bytes(k),
+        Err(_) => return Ok(()),
+    };
+    while next <= upto {
+        let end = upto.min(next.saturating_add(4095));
+        let mut batch = sled::Batch::default();
+        for i in next..=end {
+            batch.remove(&index_key(i));
+        }
+        log.apply_batch(batch)?;
+        if end == u64::MAX {
+            break;
+        }
+        next = end + 1;
+    }
+    Ok(())
+}
+
 fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
@@ -311,7 +374,18 @@ where
     /// Reads the entries in `range`, stopping before the entry that would take the encoded size
     /// past `max_bytes` (the first entry is always returned).
     fn read_entries(&self, range: &impl RangeBounds<u64>, max_bytes: u64) -> Result<Vec<Entry<C>>> {
-        let Some(bounds) = key_range(range) else {
+        // Purged entries may still be on disk while the purge thread deletes them: never read.
+        let floor = self
+            .shared
+            .first_kept
+            .load(std::sync::atomic::Ordering::Acquire);
+        let start = match range.start_bound() {
+            Bound::Included(i) => (*i).max(floor),
+            Bound::Excluded(i) => i.saturating_add(1).max(floor),
+            Bound::Unbounded => floor,
+        };
+        let range = (Bound::Included(start), range.end_bound().cloned());
+        let Some(bounds) = key_range(&range) else {
             return Ok(Vec::new());
         };
         let s = &self.shared;
@@ -382,14 +456,60 @@ where
     }
 
     fn purge_upto(&self, log_id: LogId<u64>) -> Result<()> {
-        let previous: Option<LogId<u64>> = self.read_meta(KEY_LAST_PURGED)?;
-        // openraft only purges forward; never move the mark back if it were asked to.
-        if previous.is_some_and(|p| p >= log_id) {
-            return Ok(());
+        if self.mark_purged(log_id)? {
+            self.delete_entries(&(..=log_id.index))?;
         }
-        // Mark first, delete second: see "Durability" in the module docs.
+        Ok(())
+    }
+
+    /// Moves the purge mark to `log_id`; answers whether it moved (openraft only purges
+    /// forward; the mark never goes back if it were asked to). Mark first, delete second: see
+    /// "Durability" in the module docs.
+    fn mark_purged(&self, log_id: LogId<u64>) -> Result<bool> {
+        let previous: Option<LogId<u64>> = self.read_meta(KEY_LAST_PURGED)?;
+        if previous.is_some_and(|p| p >= log_id) {
+            return Ok(false);
+        }
         self.write_meta(KEY_LAST_PURGED, &log_id)?;
-        self.delete_entries(&(..=log_id.index))
+        self.shared.first_kept.fetch_max(
+            log_id.index.saturating_add(1),
+            std::sync::atomic::Ordering::AcqRel,
+        );
+        Ok(true)
+    }
+
+    /// Deletes the entries up to `upto` on a low-priority thread, after any earlier one. Keys
+    /// are computed from indexes rather than read from the tree (sled's iterators read values
+    /// too). A failure leaves entries below the mark, which are ignored (and deleted with the
+    /// next purge).
+    fn delete_in_background(&self, upto: u64) {
+        let s = &self.shared;
+        let mut purging = s.purging.lock();
+        let earlier = purging.take();
+        let (log, path) = (s.log.clone(), s.path.clone());
+        let spawned = std::thread::Builder::new()
+            .name("raft-log-purge".into())
+            .spawn(move || {
+                if let Some(h) = earlier {
+                    let _ = h.join();
+                }
+                crate::state_machine::lower_priority(crate::state_machine::SNAPSHOT_NICE);
+                // Flushed at the end so that sled's own I/O threads are done with the database
+                // when this thread is (a store dropped and reopened finds it unlocked).
+                if let Err(e) = delete_upto(&log, upto).and_then(|()| log.flush().map(drop)) {
+                    tracing::warn!(path = %path.display(), upto, error = %e, "could not delete purged log entries (they are ignored)");
+                }
+            });
+        match spawned {
+            Ok(h) => *purging = Some(h),
+            Err(e) => {
+                tracing::warn!(error = %e, "no purge thread: deleting in place");
+                drop(purging);
+                if let Err(e) = self.delete_entries(&(..=upto)) {
+                    tracing::warn!(upto, error = %e, "could not delete purged log entries (they are ignored)");
+                }
+            }
+        }
     }
 
     fn save_committed_sync(&self, committed: Option<LogId<u64>>) -> Result<()> {
@@ -538,8 +658,10 @@ where
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
-        self.purge_upto(log_id)
-            .map_err(log_error(log_id, ErrorVerb::Delete))
+        self.mark_purged(log_id)
+            .map_err(log_error(log_id, ErrorVerb::Delete))?;
+        self.delete_in_background(log_id.index);
+        Ok(())
     }
 }
 

@@ -6,10 +6,11 @@
 //! re-applies on start because the log store persists the commit index.
 //!
 //! `S`, `last_applied` and the last membership sit under one lock, so that a snapshot captures a
-//! consistent triple. Applying entries takes that lock; so does writing a snapshot's payload, which
-//! therefore holds up applies for as long as `S::write_snapshot` takes (it writes into a buffered
-//! file, not over the network). The fsync and rename that follow happen after the lock is
-//! released. The application reads its state through its own handle inside `S`, and reads
+//! consistent triple. Applying entries takes that lock; a snapshot takes it only to get the triple
+//! and `S::snapshot_view` (a view cheap to take), and writes the view, fsyncs and
+//! renames after releasing it, so applies go on while a snapshot of millions of objects is
+//! written (issue 17: a build that held the lock for seconds blocked the runtime thread that
+//! applies, and with it the replica's heartbeats). The application reads its state through its own handle inside `S`, and reads
 //! `last_applied` through [`AppliedHandle`], neither of which waits for this lock.
 
 use std::fs::{File, OpenOptions};
@@ -262,26 +263,26 @@ impl<S: StateMachineCore> Shared<S> {
         Ok((meta, path))
     }
 
-    /// Writes the state into `temp` under the state lock, then fsyncs it outside the lock.
+    /// Takes a view of the state under the state lock (short: the application's view is
+    /// cheap to take), then writes it into `temp` and fsyncs outside the lock, while entries go
+    /// on being applied.
     fn write_snapshot_file(&self, temp: &Path) -> Result<(Meta, u64)> {
-        let (meta, writer) = {
+        let (meta, view) = {
             let state = self.state.lock();
             let meta = Meta {
                 last_log_id: state.last_applied,
                 last_membership: state.membership.clone(),
                 snapshot_id: snapshot::new_snapshot_id(state.last_applied.as_ref()),
             };
-            let mut writer = SnapshotWriter::create(temp, &meta)?;
-            state
-                .core
-                .write_snapshot(&mut writer)
-                .map_err(|source| Error::StateMachine {
-                    op: "write",
-                    path: temp.to_path_buf(),
-                    source,
-                })?;
-            (meta, writer)
+            (meta, state.core.snapshot_view())
         };
+        let mut writer = SnapshotWriter::create(temp, &meta)?;
+        view.write(&mut writer)
+            .map_err(|source| Error::StateMachine {
+                op: "write",
+                path: temp.to_path_buf(),
+                source,
+            })?;
         let len = writer.finish()?;
         Ok((meta, len))
     }
@@ -439,6 +440,48 @@ where
         })?
 }
 
+/// The nice value of the threads that build and install snapshots: serialising or reading
+/// millions of objects takes seconds of CPU, and on a busy machine it must yield to the Raft
+/// core, the network and the applies (at 10 a thread gets about a tenth of a contended core), or
+/// heartbeats go late and followers call elections (issue 17).
+pub const SNAPSHOT_NICE: i32 = 10;
+
+/// Runs snapshot work on a thread of its own at [`SNAPSHOT_NICE`].
+async fn background<T, F>(shared: &Arc<Shared<impl StateMachineCore>>, f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("raft-snapshot".into())
+        .spawn(move || {
+            lower_priority(SNAPSHOT_NICE);
+            let _ = tx.send(f());
+        });
+    let path = shared.snapshots.path().to_path_buf();
+    if let Err(e) = spawned {
+        return Err(Error::io("start a snapshot thread for", &path, e));
+    }
+    rx.await.map_err(|e| Error::TaskFailed {
+        path,
+        reason: e.to_string(),
+    })?
+}
+
+/// Lowers the calling thread's CPU priority (Linux: a thread's nice value is its own). A
+/// failure only costs priority, so it is logged, not returned.
+pub(crate) fn lower_priority(nice: i32) {
+    // SAFETY: gettid and setpriority take plain integers and touch no memory of ours.
+    let rc = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, nice)
+    };
+    if rc != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), "could not lower the snapshot thread's priority");
+    }
+}
+
 fn snapshot_error(meta: Option<&Meta>, verb: ErrorVerb) -> impl FnOnce(Error) -> StorageError<u64> {
     let signature = meta.map(|m| m.signature());
     move |e| e.into_storage(ErrorSubject::Snapshot(signature), verb)
@@ -448,7 +491,7 @@ impl<S: StateMachineCore> RaftSnapshotBuilder<S::C> for SledSnapshotBuilder<S> {
     async fn build_snapshot(&mut self) -> Result<Snapshot<S::C>, StorageError<u64>> {
         let shared = self.shared.clone();
         let task = shared.clone();
-        let (meta, file) = blocking(&shared, move || {
+        let (meta, file) = background(&shared, move || {
             let (meta, path) = task.build_snapshot()?;
             // Open before it can be superseded and removed: the caller gets what it asked for.
             let file = File::open(&path).map_err(|e| Error::io("open snapshot file", &path, e))?;
@@ -512,7 +555,7 @@ impl<S: StateMachineCore> RaftStateMachine<S::C> for SledStateMachine<S> {
         let file = file.into_std().await;
         let shared = self.shared.clone();
         let task_meta = meta.clone();
-        blocking(&self.shared, move || shared.install(&task_meta, file))
+        background(&self.shared, move || shared.install(&task_meta, file))
             .await
             .map_err(snapshot_error(Some(meta), ErrorVerb::Write))
     }

@@ -125,6 +125,57 @@ async fn purging_everything_keeps_the_last_purged_id() {
     );
 }
 
+/// A purge returns once the mark is written; the entries are deleted on a thread of their own.
+/// Purged entries are never read again, deleted or not, and they are gone once the store is
+/// closed (the purge thread finishes first) and stay unreadable after a restart.
+#[tokio::test]
+async fn purged_entries_are_never_read_and_are_deleted_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut store, _sm, _kv) = open(dir.path());
+        store
+            .blocking_append((1..=3000).map(|i| blank(2, i)))
+            .await
+            .unwrap();
+        store.purge(log_id(2, 2500)).await.unwrap();
+        let left = store.try_get_log_entries(0..).await.unwrap();
+        assert_eq!(left.len(), 500);
+        assert_eq!(left[0].log_id, log_id(2, 2501));
+        assert!(store.limited_get_log_entries(1, 2502).await.unwrap().len() == 1);
+        store
+            .blocking_append((3001..=3010).map(|i| blank(2, i)))
+            .await
+            .unwrap();
+        store.purge(log_id(2, 2990)).await.unwrap();
+        store.flush().await.unwrap();
+    }
+    // The database closed only after the purge threads finished: the raw log holds no purged
+    // entry (sled would refuse a second open while a thread still held it).
+    let (mut store, _sm, _kv) = open(dir.path());
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(2, 2990)));
+    assert_eq!(state.last_log_id, Some(log_id(2, 3010)));
+    let left = store.try_get_log_entries(0..).await.unwrap();
+    assert_eq!(left.first().map(|e| e.log_id), Some(log_id(2, 2991)));
+    assert_eq!(left.len(), 20);
+    drop(store);
+    // sled's I/O threads let go of the file lock a moment after the store is dropped.
+    let mut tries = 0;
+    let db = loop {
+        match sled::open(dir.path().join("raft.sled")) {
+            Ok(db) => break db,
+            Err(e) if tries < 500 => {
+                tries += 1;
+                let _ = e;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let log = db.open_tree("log").unwrap();
+    assert_eq!(log.len(), 20, "purged entries left on disk");
+}
+
 #[tokio::test]
 async fn limited_reads_are_capped_by_bytes() {
     let dir = tempfile::tempdir().unwrap();
@@ -229,6 +280,44 @@ async fn a_new_snapshot_replaces_the_old_one() {
     let files = files_in(&snapshot_dir(dir.path()), "snap");
     assert_eq!(files.len(), 1);
     assert_ne!(files[0], first);
+}
+
+/// A snapshot is written from a view taken when it starts: entries applied while it is being
+/// written are applied at once (the state lock is not held for the write) and are not in it.
+#[tokio::test]
+async fn entries_apply_while_a_snapshot_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (_store, mut sm, kv) = open(dir.path());
+        sm.apply([blank(1, 1), set(1, 2, "a", "1")]).await.unwrap();
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel();
+        *kv.hold.lock() = Some(common::HoldWrite {
+            entered: entered_tx,
+            release: release_rx,
+        });
+        let mut builder = sm.get_snapshot_builder().await;
+        let build = tokio::spawn(async move { builder.build_snapshot().await });
+        tokio::task::spawn_blocking(move || entered.recv())
+            .await
+            .unwrap()
+            .expect("the snapshot write started");
+        let applied = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            sm.apply([set(1, 3, "b", "2")]),
+        )
+        .await
+        .expect("an apply waited for the snapshot write")
+        .unwrap();
+        assert_eq!(applied.len(), 1);
+        assert_eq!(kv.get("b").as_deref(), Some("2"));
+        release.send(()).unwrap();
+        let snap = build.await.unwrap().unwrap();
+        assert_eq!(snap.meta.last_log_id, Some(log_id(1, 2)));
+    }
+    let (_store, sm, kv) = open(dir.path());
+    assert_eq!(kv.snapshot(), map(&[("a", "1")]));
+    assert_eq!(sm.last_applied(), Some(log_id(1, 2)));
 }
 
 /// Streams `from`'s current snapshot into a file `to` handed out, as openraft does.

@@ -2,8 +2,10 @@
 //! (fsync on, real processes) — see docs/benchmarks.md.
 //!
 //! Figures: commits/s with 1 and 64 concurrent writers (reserve + commit), exists and
-//! get-placement latency over gRPC, time from `kill -9` of the leader to the first successful
-//! commit, and replica RSS (steady and peak) with N objects of 64-byte keys.
+//! get-placement latency over gRPC; then N objects of 64-byte keys loaded by concurrent writers
+//! (load rate, elections and snapshot builds and installs during the load, replica RSS steady
+//! and peak), the time from `kill -9` of the leader to the first successful commit, and the time
+//! from starting all three replicas again (after SIGTERM) to the first successful commit.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -27,6 +29,12 @@ struct Opts {
     /// Objects loaded for the memory figure (0 skips it).
     #[arg(long, default_value_t = 1_000_000)]
     objects: u64,
+    /// Concurrent writers loading the objects.
+    #[arg(long, default_value_t = 64)]
+    load_writers: u64,
+    /// Objects per batch reserve + batch commit of a loading writer.
+    #[arg(long, default_value_t = 100)]
+    load_batch: u64,
     /// Latency samples per read figure.
     #[arg(long, default_value_t = 20_000)]
     samples: usize,
@@ -63,6 +71,36 @@ impl Drop for Replica {
     }
 }
 
+/// What the load measured.
+#[derive(Default)]
+struct LoadReport {
+    secs: f64,
+    /// The highest term before and after the load.
+    term: (f64, f64),
+    snapshots_built: f64,
+    snapshots_installed: f64,
+    retries: u64,
+}
+
+/// Stops a replica with SIGTERM (as an operator would) and waits for it; kills it after 60 s.
+fn stop(r: &mut Replica) {
+    let Some(mut c) = r.child.take() else {
+        return;
+    };
+    let _ = Command::new("kill")
+        .args(["-TERM", &c.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = c.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
 fn free_port() -> u16 {
     regolith_test_support::free_loopback_port()
 }
@@ -74,7 +112,12 @@ fn spawn(
     threads: usize,
     extra: &[String],
 ) {
-    let log = std::fs::File::create(log_dir.join(format!("metad-{}.log", r.id))).expect("log file");
+    // Appended to: a restarted replica keeps its earlier log.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_dir.join(format!("metad-{}.log", r.id)))
+        .expect("log file");
     let launch = MetadLaunch {
         listen: Some(r.grpc.clone()),
         advertise: Some(r.grpc.clone()),
@@ -221,40 +264,126 @@ where
     (percentile(&v, 0.5), percentile(&v, 0.99))
 }
 
-/// Loads `n` objects with 64-byte keys in batches of 1000 (batch reserve + batch commit).
-async fn load(client: &MetadClient, node: u64, n: u64) {
-    let mut done = 0;
-    while done < n {
-        let batch = (n - done).min(1000);
-        let items: Vec<pb::ReserveRequest> = (done..done + batch)
-            .map(|i| pb::ReserveRequest {
-                key: format!("{:064}", i),
-                size: 64,
-                options: None,
-                requester_node_id: node,
-            })
-            .collect();
-        let (r, addr) = client
-            .batch_reserve(pb::BatchReserveRequest { items })
-            .await
-            .expect("batch reserve");
-        let commits = r
-            .items
-            .iter()
-            .filter_map(|x| x.reservation.as_ref())
-            .map(|res| pb::CommitRequest {
-                version: res.version,
-                checksum: 7,
-            })
-            .collect();
-        client
-            .batch_commit_at(&addr, pb::BatchCommitRequest { items: commits })
-            .await
-            .expect("batch commit");
-        done += batch;
-        if done % 100_000 == 0 {
-            eprintln!("  loaded {done} objects");
+/// Loads objects `from..to` with 64-byte keys in batches (batch reserve + batch commit). A
+/// failed call is retried with the same keys (keys a lost reply committed answer
+/// "already exists" and are skipped); answers the number of retries.
+async fn load_range(client: &MetadClient, node: u64, next: &AtomicU64, n: u64, batch: u64) -> u64 {
+    let mut retries = 0;
+    loop {
+        let from = next.fetch_add(batch, Ordering::Relaxed);
+        if from >= n {
+            return retries;
         }
+        let to = (from + batch).min(n);
+        while !load_batch(client, node, from, to).await {
+            retries += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let done = to / 100_000;
+        if done > from / 100_000 {
+            eprintln!("  loaded {} objects", done * 100_000);
+        }
+    }
+}
+
+async fn load_batch(client: &MetadClient, node: u64, from: u64, to: u64) -> bool {
+    let items: Vec<pb::ReserveRequest> = (from..to)
+        .map(|i| pb::ReserveRequest {
+            key: format!("{:064}", i),
+            size: 64,
+            options: None,
+            requester_node_id: node,
+        })
+        .collect();
+    let Ok((r, addr)) = client
+        .batch_reserve(pb::BatchReserveRequest { items })
+        .await
+    else {
+        return false;
+    };
+    let commits: Vec<_> = r
+        .items
+        .iter()
+        .filter_map(|x| x.reservation.as_ref())
+        .map(|res| pb::CommitRequest {
+            version: res.version,
+            checksum: 7,
+        })
+        .collect();
+    if commits.is_empty() {
+        return true;
+    }
+    client
+        .batch_commit_at(&addr, pb::BatchCommitRequest { items: commits })
+        .await
+        .is_ok()
+}
+
+/// Loads `n` objects with `writers` concurrent writers; answers the retries.
+async fn load(client: &MetadClient, node: u64, n: u64, writers: u64, batch: u64) -> u64 {
+    let next = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..writers.max(1))
+        .map(|_| {
+            let (client, next) = (client.clone(), next.clone());
+            tokio::spawn(async move { load_range(&client, node, &next, n, batch.max(1)).await })
+        })
+        .collect();
+    let mut retries = 0;
+    for t in tasks {
+        retries += t.await.unwrap_or(0);
+    }
+    retries
+}
+
+/// What a replica's `/metrics` says, by metric name (gauges without labels).
+fn scrape(addr: &str) -> std::collections::HashMap<String, f64> {
+    use std::io::{Read, Write};
+    let mut out = std::collections::HashMap::new();
+    let Ok(mut c) = std::net::TcpStream::connect(addr) else {
+        return out;
+    };
+    let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+    let req = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    if c.write_all(req.as_bytes()).is_err() {
+        return out;
+    }
+    let mut body = String::new();
+    let _ = c.read_to_string(&mut body);
+    for line in body.lines().filter(|l| !l.starts_with('#')) {
+        let mut parts = line.split_whitespace();
+        if let (Some(name), Some(v)) = (parts.next(), parts.next()) {
+            if let Ok(v) = v.parse() {
+                out.insert(name.to_string(), v);
+            }
+        }
+    }
+    out
+}
+
+/// The highest term any live replica reports, and the sums of snapshot builds and installs.
+fn raft_counts(replicas: &[Replica]) -> (f64, f64, f64) {
+    let mut term: f64 = 0.0;
+    let (mut built, mut installed) = (0.0, 0.0);
+    for r in replicas.iter().filter(|r| r.child.is_some()) {
+        let m = scrape(&r.http);
+        let get = |k: &str| m.get(k).copied().unwrap_or(0.0);
+        term = term.max(get("regolith_metad_term"));
+        built += get("regolith_metad_snapshots_built");
+        installed += get("regolith_metad_snapshots_installed");
+    }
+    (term, built, installed)
+}
+
+/// The first successful commit after `since`, heartbeating the bench's node meanwhile.
+async fn first_commit(client: &MetadClient, hb: &pb::HeartbeatRequest, node: u64, tag: &str) {
+    let mut i = 0;
+    loop {
+        let _ = client.heartbeat(hb.clone()).await;
+        if put(client, format!("{tag}-{i}"), node).await {
+            return;
+        }
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -352,13 +481,39 @@ fn main() {
         .await;
         (ex50, ex99, get50, get99)
     });
+    let mut load_report = LoadReport::default();
     let report = rt.block_on(async {
         let mut rss = Vec::new();
         if opts.objects > 0 {
-            eprintln!("loading {} objects...", opts.objects);
+            eprintln!(
+                "loading {} objects ({} writers, {} per batch)...",
+                opts.objects, opts.load_writers, opts.load_batch
+            );
+            let before = raft_counts(&replicas);
             let t = Instant::now();
-            load(&client, m.node_id, opts.objects).await;
-            eprintln!("  loaded in {:?}", t.elapsed());
+            load_report.retries = load(
+                &client,
+                m.node_id,
+                opts.objects,
+                opts.load_writers,
+                opts.load_batch,
+            )
+            .await;
+            load_report.secs = t.elapsed().as_secs_f64();
+            let after = raft_counts(&replicas);
+            load_report.term = (before.0, after.0);
+            load_report.snapshots_built = after.1 - before.1;
+            load_report.snapshots_installed = after.2 - before.2;
+            eprintln!(
+                "  loaded in {:.1} s ({:.0} objects/s); term {} -> {}; {} snapshot builds, {} installs; {} retried batches",
+                load_report.secs,
+                opts.objects as f64 / load_report.secs,
+                before.0,
+                after.0,
+                load_report.snapshots_built,
+                load_report.snapshots_installed,
+                load_report.retries,
+            );
             tokio::time::sleep(Duration::from_secs(3)).await;
         }
         for r in &replicas {
@@ -387,14 +542,20 @@ fn main() {
         }
     }
     let failover = rt.block_on(async {
-        let mut i = 0;
-        loop {
-            let _ = client.heartbeat(hb.clone()).await;
-            if put(&client, format!("after-kill-{i}"), node).await {
-                return killed.elapsed();
-            }
-            i += 1;
-        }
+        first_commit(&client, &hb, node, "after-kill").await;
+        killed.elapsed()
+    });
+    eprintln!("restart: SIGTERM to every replica, then start all three...");
+    for r in replicas.iter_mut() {
+        stop(r);
+    }
+    let restarted = Instant::now();
+    for r in replicas.iter_mut() {
+        spawn(r, &peers, &base, opts.replica_threads, &opts.metad_args);
+    }
+    let restart = rt.block_on(async {
+        first_commit(&client, &hb, node, "after-restart").await;
+        restarted.elapsed()
     });
     let mb = |kib: u64| kib as f64 / 1024.0;
     let rss_steady = rss.iter().map(|r| r.0).max().unwrap_or(0);
@@ -415,10 +576,33 @@ fn main() {
         failover.as_secs_f64() * 1e3
     );
     eprintln!(
-        "| RSS steady / peak with {} objects (MB) | {:.0} / {:.0} | <= 300 |",
+        "| RSS steady / peak with {} objects (MB) | {:.0} / {:.0} | <= 2048 / 3072 at 10M |",
         opts.objects,
         mb(rss_steady),
         mb(rss_peak)
+    );
+    let load_rate = if load_report.secs > 0.0 {
+        opts.objects as f64 / load_report.secs
+    } else {
+        0.0
+    };
+    eprintln!(
+        "| load rate, {} writers x {} (objects/s) | {load_rate:.0} | >= 50000 |",
+        opts.load_writers, opts.load_batch
+    );
+    eprintln!(
+        "| elections during the load (term before -> after) | {} ({} -> {}) | 0 |",
+        load_report.term.1 - load_report.term.0,
+        load_report.term.0,
+        load_report.term.1
+    );
+    eprintln!(
+        "| snapshot builds / installs during the load (all replicas) | {} / {} | - |",
+        load_report.snapshots_built, load_report.snapshots_installed
+    );
+    eprintln!(
+        "| all replicas restarted -> first commit (ms) | {:.0} | <= 30000 |",
+        restart.as_secs_f64() * 1e3
     );
     if opts.json {
         println!(
@@ -431,6 +615,12 @@ fn main() {
                 "failover_ms": failover.as_secs_f64() * 1e3,
                 "objects": opts.objects,
                 "rss_steady_mb": mb(rss_steady), "rss_peak_mb": mb(rss_peak),
+                "load_objects_per_s": load_rate, "load_writers": opts.load_writers,
+                "load_batch": opts.load_batch, "load_retries": load_report.retries,
+                "term_before_load": load_report.term.0, "term_after_load": load_report.term.1,
+                "snapshot_builds_during_load": load_report.snapshots_built,
+                "snapshot_installs_during_load": load_report.snapshots_installed,
+                "restart_ms": restart.as_secs_f64() * 1e3,
             })
         );
     }

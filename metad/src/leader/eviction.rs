@@ -22,11 +22,13 @@ pub struct Plan {
 }
 
 /// Picks victims freeing at least `need` bytes, if it can. `skip(key, obj)` excludes objects
-/// (leased ones, for instance).
+/// (leased ones, for instance). An access time below `access_floor` counts as `access_floor`
+/// (the leader's start: it treats every object as used then, without walking them all).
 pub fn plan(
     sm: &StateMachine,
     cursor: Cursor,
     need: u64,
+    access_floor: u32,
     pending: &HashSet<String>,
     mut skip: impl FnMut(&str, &Object) -> bool,
 ) -> Plan {
@@ -48,7 +50,7 @@ pub fn plan(
         }
         cands.push((
             matches!(o.pin, Pin::Soft { .. }),
-            o.access_s,
+            o.access_s.max(access_floor),
             k,
             o.footprint(),
         ));

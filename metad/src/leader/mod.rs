@@ -116,6 +116,8 @@ const REPROPOSE_MS: u64 = 3_000;
 #[derive(Debug)]
 pub struct Leader {
     pub term: u64,
+    /// When this leader started (leader-memory seconds): no object counts as used earlier.
+    access_floor: u32,
     cfg: CacheConfig,
     shadow: Shadow,
     res: Reservations,
@@ -133,12 +135,10 @@ impl Leader {
     /// Starts leading `term`. Call only once this leader has applied its term's first entry, so
     /// the state machine holds everything committed before the term.
     pub fn start(term: u64, cfg: CacheConfig, sm: &mut StateMachine, now: Now) -> Self {
-        // Access times live in leader memory only: start every object as just used.
-        let access = access_s(now);
-        for o in sm.objects_mut() {
-            o.access_s = access;
-        }
         Self {
+            // Access times live in leader memory only: every object counts as just used, through
+            // this floor rather than a walk of every object (failover must not cost O(objects)).
+            access_floor: access_s(now),
             term,
             cfg,
             shadow: Shadow::build(sm),
@@ -487,9 +487,7 @@ impl Leader {
         let access = access_s(now);
         keys.iter()
             .map(|k| {
-                let obj = sm.object_mut(k)?;
-                obj.access_s = access;
-                let obj = obj.clone();
+                let obj = sm.touch_object(k, access)?.clone();
                 self.leases.grant(obj.version, until);
                 let mut replicas: Vec<PlacedReplica> = obj
                     .replicas
@@ -522,8 +520,7 @@ impl Leader {
         let access = access_s(now);
         let mut known = 0;
         for k in keys {
-            if let Some(o) = sm.object_mut(k) {
-                o.access_s = access;
+            if sm.touch_object(k, access).is_some() {
                 known += 1;
             }
         }
@@ -536,9 +533,7 @@ impl Leader {
     pub fn on_effect(&mut self, sm: &mut StateMachine, fx: &Effect, now: Now) {
         match fx {
             Effect::Committed { version, key } => {
-                if let Some(o) = sm.object_mut(key) {
-                    o.access_s = access_s(now);
-                }
+                sm.touch_object(key, access_s(now));
                 self.res.remove(version);
                 self.res.remember_commit(
                     *version,
@@ -686,9 +681,14 @@ impl Leader {
         }
         let leases = &self.leases;
         let now_ms = now.mono_ms;
-        let p = eviction::plan(sm, self.evict_cursor, need, &self.evicting, |_, o| {
-            leases.active(&o.version, now_ms)
-        });
+        let p = eviction::plan(
+            sm,
+            self.evict_cursor,
+            need,
+            self.access_floor,
+            &self.evicting,
+            |_, o| leases.active(&o.version, now_ms),
+        );
         self.evict_cursor = p.cursor;
         if p.keys.is_empty() {
             return None;

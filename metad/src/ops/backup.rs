@@ -105,19 +105,17 @@ impl Ops {
     /// info), the payload rewound, and the info as written.
     fn spool(&self, mut info: BackupInfo) -> Result<(Vec<u8>, File, BackupInfo)> {
         let file = anonymous_file(&self.spool_dir)?;
-        let mut w;
-        {
-            let core = self.core.lock();
-            let sm = core.sm();
+        let view = crate::core::snapshot_view_with(&self.core, |sm| {
             info.keys = sm.key_count() as u64;
             info.segments = sm.segments().count() as u64;
             info.meta_keys = sm.meta_usage().0 as u64;
             // The state holds at least every entry up to these (applies take this lock).
             info.applied_index = info.applied_index.max(*self.applied.borrow());
-            w = PayloadWriter::new(&info, BufWriter::with_capacity(1 << 20, file));
-            sm.write_snapshot(&mut w)
-                .map_err(io("snapshot spool file (write)"))?;
-        }
+        });
+        // Written without the lock: requests and applies go on meanwhile.
+        let mut w = PayloadWriter::new(&info, BufWriter::with_capacity(1 << 20, file));
+        view.write_to(&mut w)
+            .map_err(io("snapshot spool file (write)"))?;
         let (buf, head) = w.finish().map_err(|e| Error::Internal(e.to_string()))?;
         let mut file = buf.into_inner().map_err(|e| Error::Io {
             what: "snapshot spool file (flush)".into(),

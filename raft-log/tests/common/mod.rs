@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 use parking_lot::Mutex;
-use regolith_raft_log::{SledLogStore, SledStateMachine, StateMachineCore, StorageConfig};
+use regolith_raft_log::{
+    SledLogStore, SledStateMachine, SnapshotView, StateMachineCore, StorageConfig,
+};
 use serde::{Deserialize, Serialize};
 
 openraft::declare_raft_types!(
@@ -41,6 +43,33 @@ const KV_SNAPSHOT_VERSION: u8 = 1;
 #[derive(Debug, Clone, Default)]
 pub struct Kv {
     pub map: Arc<Mutex<BTreeMap<String, String>>>,
+    /// When set, the next snapshot view's write says so and waits to be released.
+    pub hold: Arc<Mutex<Option<HoldWrite>>>,
+}
+
+/// Holds a snapshot view's write: `entered` hears when it starts, it goes on once `release`
+/// receives (or its sender is dropped).
+#[derive(Debug)]
+pub struct HoldWrite {
+    pub entered: std::sync::mpsc::Sender<()>,
+    pub release: std::sync::mpsc::Receiver<()>,
+}
+
+/// The map as it was when the view was taken.
+struct KvView {
+    map: BTreeMap<String, String>,
+    hold: Option<HoldWrite>,
+}
+
+impl SnapshotView for KvView {
+    fn write(self: Box<Self>, w: &mut dyn io::Write) -> io::Result<()> {
+        if let Some(h) = &self.hold {
+            let _ = h.entered.send(());
+            let _ = h.release.recv();
+        }
+        w.write_all(&[KV_SNAPSHOT_VERSION])?;
+        bincode::serialize_into(w, &self.map).map_err(io::Error::other)
+    }
 }
 
 impl Kv {
@@ -73,9 +102,11 @@ impl StateMachineCore for Kv {
         KvResponse { previous: None }
     }
 
-    fn write_snapshot(&self, w: &mut dyn io::Write) -> io::Result<()> {
-        w.write_all(&[KV_SNAPSHOT_VERSION])?;
-        bincode::serialize_into(w, &*self.map.lock()).map_err(io::Error::other)
+    fn snapshot_view(&self) -> Box<dyn SnapshotView> {
+        Box::new(KvView {
+            map: self.map.lock().clone(),
+            hold: self.hold.lock().take(),
+        })
     }
 
     fn install_snapshot(&mut self, r: &mut dyn io::Read) -> io::Result<()> {
