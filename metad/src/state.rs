@@ -460,8 +460,8 @@ impl StateMachine {
             self.node_segment.remove(&seg.node);
         }
         let mut orphans = Vec::new();
-        // Found first and changed one by one: a shard a snapshot still holds is copied only
-        // when one of its objects loses a replica.
+        // Found first, then changed one by one through `get_mut`, so that a snapshot being
+        // written records only the objects that lose a replica.
         let on_seg: Vec<String> = self
             .objects
             .iter()

@@ -6,12 +6,13 @@
 //! re-applies on start because the log store persists the commit index.
 //!
 //! `S`, `last_applied` and the last membership sit under one lock, so that a snapshot captures a
-//! consistent triple. Applying entries takes that lock; a snapshot takes it only to get the triple
-//! and `S::snapshot_view` (a view cheap to take), and writes the view, fsyncs and
-//! renames after releasing it, so applies go on while a snapshot of millions of objects is
-//! written (issue 17: a build that held the lock for seconds blocked the runtime thread that
-//! applies, and with it the replica's heartbeats). The application reads its state through its own handle inside `S`, and reads
-//! `last_applied` through [`AppliedHandle`], neither of which waits for this lock.
+//! consistent triple. Applying entries takes that lock; a snapshot takes it only to get the
+//! triple and `S::snapshot_view` (a view cheap to take), and writes the view, fsyncs and renames
+//! after releasing it, so applies go on while a snapshot of millions of objects is written
+//! (issue 17: a build that held the lock for seconds blocked the runtime thread that applies,
+//! and with it the replica's heartbeats). Builds and installs run on a thread of their own at
+//! [`SNAPSHOT_NICE`]. The application reads its state through its own handle inside `S`, and
+//! reads `last_applied` through [`AppliedHandle`], neither of which waits for this lock.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Seek, SeekFrom};
