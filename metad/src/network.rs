@@ -54,8 +54,6 @@ pub fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, String> {
 
 #[derive(Clone)]
 pub struct Network {
-    /// This replica's id (named in the timeouts it reports).
-    pub id: NodeId,
     pub interceptor: PeerInterceptor,
     pub max_message_bytes: usize,
     /// Bytes of entries one AppendEntries carries (at least one entry). openraft gives an
@@ -84,7 +82,6 @@ impl RaftNetworkFactory<TypeConfig> for Network {
                     .max_encoding_message_size(self.max_message_bytes + OVERHEAD)
             });
         Peer {
-            id: self.id,
             target,
             addr: node.addr.clone(),
             client,
@@ -95,7 +92,6 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 }
 
 pub struct Peer {
-    id: NodeId,
     target: NodeId,
     addr: String,
     client: Option<RaftClient<InterceptedService<Channel, PeerInterceptor>>>,
@@ -132,18 +128,13 @@ impl Peer {
             }
         };
         let reply = match tokio::time::timeout(ttl, fut).await {
-            // A timeout, not "unreachable": a peer that answers slowly under load is alive, and
-            // openraft stops replicating to an unreachable one for its backoff (500 ms by
-            // default), long enough for the peer to call an election (issue 17: 1 MiB appends
-            // to followers busy with a snapshot build timed out at the 100 ms heartbeat).
             Err(_) => {
-                tracing::debug!(rpc = ?which, peer = %self.addr, ?ttl, "Raft RPC timed out");
-                return Err(RPCError::Timeout(openraft::error::Timeout {
-                    action: which.rpc_type(),
-                    id: self.id,
-                    target: self.target,
-                    timeout: ttl,
-                }));
+                return Err(RPCError::Unreachable(Unreachable::new(
+                    &std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("{which:?} to {} timed out after {ttl:?}", self.addr),
+                    ),
+                )))
             }
             Ok(Err(status)) => return Err(status_error(&self.addr, status)),
             Ok(Ok(r)) => r.into_inner(),
@@ -160,22 +151,6 @@ enum Rpc {
     Vote,
     Snapshot,
 }
-
-impl Rpc {
-    fn rpc_type(self) -> openraft::RPCTypes {
-        use openraft::RPCTypes;
-        match self {
-            Rpc::Append => RPCTypes::AppendEntries,
-            Rpc::Vote => RPCTypes::Vote,
-            Rpc::Snapshot => RPCTypes::InstallSnapshot,
-        }
-    }
-}
-
-/// How long replication to a peer that could not be reached (refused connection, reset) waits
-/// before trying again: short, so that a peer back from a restart hears from the leader well
-/// within its election timeout (openraft's default is 500 ms).
-const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(100);
 
 fn status_error<E: std::error::Error>(addr: &str, s: tonic::Status) -> RpcErr<E> {
     let io = std::io::Error::other(format!("{addr}: {:?}: {}", s.code(), s.message()));
@@ -201,10 +176,6 @@ fn entries_that_fit(req: &AppendEntriesRequest<TypeConfig>, max_bytes: usize) ->
 }
 
 impl RaftNetwork<TypeConfig> for Peer {
-    fn backoff(&self) -> openraft::network::Backoff {
-        openraft::network::Backoff::new(std::iter::repeat(UNREACHABLE_BACKOFF))
-    }
-
     async fn append_entries(
         &mut self,
         mut rpc: AppendEntriesRequest<TypeConfig>,

@@ -103,7 +103,6 @@ impl Node {
             connect_timeout: Duration::from_secs(1),
         };
         let network = Network {
-            id: settings.id,
             interceptor,
             max_message_bytes: settings.raft_max_message_bytes,
             append_budget_bytes: settings.max_entry_bytes,
