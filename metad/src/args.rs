@@ -149,6 +149,11 @@ pub struct Args {
     /// (default 5s).
     #[arg(long, env = "REGOLITH_LEADER_HANDOVER_TIMEOUT")]
     pub leader_handover_timeout: Option<String>,
+    /// On SIGTERM, build a snapshot of the log written since the last one, so that the restart
+    /// loads it instead of replaying that log; the stop waits at most this long for it; 0 turns
+    /// it off (default 20s).
+    #[arg(long, env = "REGOLITH_STOP_SNAPSHOT_TIMEOUT")]
+    pub stop_snapshot_timeout: Option<String>,
     /// Build a snapshot (and purge the log) after this many entries.
     #[arg(long, env = "REGOLITH_SNAPSHOT_LOGS")]
     pub snapshot_logs: Option<u64>,
@@ -221,6 +226,7 @@ pub struct FileConfig {
     pub election_timeout_min: Option<String>,
     pub election_timeout_max: Option<String>,
     pub leader_handover_timeout: Option<String>,
+    pub stop_snapshot_timeout: Option<String>,
     pub snapshot_logs: Option<u64>,
     pub snapshot_bytes: Option<String>,
     pub max_entry_bytes: Option<String>,
@@ -262,6 +268,8 @@ pub struct Settings {
     pub election_timeout_max: Duration,
     /// How long a leader stopping on SIGTERM may spend handing over (zero: it does not).
     pub leader_handover_timeout: Duration,
+    /// How long a replica stopping on SIGTERM may spend on a last snapshot (zero: none).
+    pub stop_snapshot_timeout: Duration,
     pub snapshot_logs: u64,
     pub snapshot_bytes: u64,
     pub max_entry_bytes: usize,
@@ -601,6 +609,16 @@ impl Args {
                 "--leader-handover-timeout {leader_handover_timeout:?}: at most 60s (writes wait that long)"
             )));
         }
+        let stop_snapshot_timeout = dur(
+            "stop-snapshot-timeout",
+            self.stop_snapshot_timeout.or(file.stop_snapshot_timeout),
+            Duration::from_secs(20),
+        )?;
+        if stop_snapshot_timeout > Duration::from_secs(600) {
+            return Err(Error::Config(format!(
+                "--stop-snapshot-timeout {stop_snapshot_timeout:?}: at most 600s"
+            )));
+        }
         let max_entry_bytes = size(
             "max-entry-bytes",
             self.max_entry_bytes.or(file.max_entry_bytes),
@@ -651,6 +669,7 @@ impl Args {
             election_timeout_min,
             election_timeout_max,
             leader_handover_timeout,
+            stop_snapshot_timeout,
             snapshot_logs: self
                 .snapshot_logs
                 .or(file.snapshot_logs)

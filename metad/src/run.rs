@@ -272,6 +272,8 @@ impl Replica {
             async move {
                 shutdown.wait().await;
                 hand_over_before_stopping(&node).await;
+                // After the hand-over (a follower now), with Raft and gRPC still serving.
+                node.snapshot_before_stopping().await;
                 stop.trigger();
             }
         });
