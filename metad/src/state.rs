@@ -822,8 +822,11 @@ impl StateMachine {
             sm.names.insert(rec.name.clone(), id);
             sm.nodes.insert(id, rec);
         }
+        // Each segment's used extents, gathered and then turned into its allocator in one pass
+        // (see `RangeAlloc::from_used`).
+        let mut used: BTreeMap<SegmentId, Vec<(u64, u64)>> = BTreeMap::new();
         for s in h.segments {
-            sm.free.insert(s.id, RangeAlloc::new(s.capacity));
+            used.insert(s.id, Vec::new());
             sm.node_segment.insert(s.id.node, s.id);
             sm.segments.insert(s.id, s);
         }
@@ -831,22 +834,24 @@ impl StateMachine {
             let (k, o): (String, Object) = snapshot_record(r)?;
             for p in o.replicas.pieces() {
                 let seg = p.segment();
-                let alloc = sm.free.get_mut(&seg).ok_or_else(|| {
+                let extents = used.get_mut(&seg).ok_or_else(|| {
                     invalid(format!(
                         "snapshot object {k:?} is on unmounted segment {seg}"
                     ))
                 })?;
-                if !alloc.take(&p.extent()) {
-                    return Err(invalid(format!(
-                        "snapshot object {k:?} overlaps another at {:?}",
-                        p.extent()
-                    )));
-                }
+                let e = p.extent();
+                extents.push((e.offset, e.len));
             }
             sm.index_object(&k, &o);
             if !sm.objects.insert_new(&k, o) {
                 return Err(invalid(format!("snapshot names key {k:?} twice")));
             }
+        }
+        for (seg, mut extents) in used {
+            let capacity = sm.segments.get(&seg).map_or(0, |s| s.capacity);
+            let alloc = RangeAlloc::from_used(capacity, &mut extents)
+                .map_err(|e| invalid(sm.overlap_message(seg, &e)))?;
+            sm.free.insert(seg, alloc);
         }
         for _ in 0..h.meta_entries {
             let (k, v): (String, Vec<u8>) = snapshot_record(r)?;
@@ -854,6 +859,23 @@ impl StateMachine {
         }
         sm.recompute_usage();
         Ok(sm)
+    }
+
+    /// Why a snapshot's extent `e` on `seg` was refused, naming the objects that hold it.
+    fn overlap_message(&self, seg: SegmentId, e: &Extent) -> String {
+        let holders: Vec<&str> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| {
+                o.replicas
+                    .pieces()
+                    .iter()
+                    .any(|p| p.segment() == seg && p.extent().overlaps(e))
+            })
+            .map(|(k, _)| k)
+            .take(4)
+            .collect();
+        format!("snapshot objects {holders:?} overlap (or leave segment {seg}) at {e:?}")
     }
 
     /// The snapshot bytes: equal bytes means equal replicated state.

@@ -620,6 +620,52 @@ fn unmounting_a_dead_node_drops_its_replicas_and_counts_orphans() {
     ));
 }
 
+/// A snapshot whose objects overlap on a segment is refused, naming them (the allocators are
+/// rebuilt in one pass over each segment's sorted extents).
+#[test]
+fn snapshot_with_overlapping_objects_is_refused() {
+    let mut sm = StateMachine::new();
+    sm.apply(
+        &Command::MountSegment {
+            node_name: "a".into(),
+            node_id_hint: 0,
+            capacity: CAP,
+            data_addrs: vec![],
+            now_ms: 0,
+        },
+        &mut Vec::new(),
+    );
+    let seg = sm.segments().next().unwrap().id;
+    let rep = |off: u64| Replica {
+        segment: seg,
+        extents: vec![Extent::new(off, 64)],
+    };
+    for (i, key) in ["one", "two"].iter().enumerate() {
+        let put = Command::CommitPut {
+            key: key.to_string(),
+            size: 10,
+            replicas: vec![rep(i as u64 * 64)],
+            checksum: 0,
+            version: Version {
+                term: 1,
+                id: i as u64 + 1,
+            },
+            pin: Pin::None,
+            expires_ms: 0,
+        };
+        assert_eq!(sm.apply(&put, &mut Vec::new()), Outcome::Committed);
+    }
+    let restored = StateMachine::read_snapshot(&mut sm.snapshot_bytes().as_slice()).unwrap();
+    assert_eq!(restored.snapshot_bytes(), sm.snapshot_bytes());
+    // Forged: "two" moved half over "one".
+    sm.object_mut("two").unwrap().replicas =
+        regolith_metad::types::Replicas::from_replicas(&[rep(32)]).unwrap();
+    let err = StateMachine::read_snapshot(&mut sm.snapshot_bytes().as_slice()).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("overlap"), "{msg}");
+    assert!(msg.contains("\"one\"") && msg.contains("\"two\""), "{msg}");
+}
+
 #[test]
 fn snapshot_with_unknown_version_is_refused() {
     let sm = StateMachine::new();
