@@ -544,20 +544,25 @@ proptest! {
     }
 }
 
+/// Mounts a segment of `CAP` bytes for node `name`.
+fn mount_named(sm: &mut StateMachine, name: &str) -> Outcome {
+    sm.apply(
+        &Command::MountSegment {
+            node_name: name.into(),
+            node_id_hint: 0,
+            capacity: CAP,
+            data_addrs: vec![],
+            now_ms: 0,
+        },
+        &mut Vec::new(),
+    )
+}
+
 #[test]
 fn unmounting_a_dead_node_drops_its_replicas_and_counts_orphans() {
     let mut sm = StateMachine::new();
     for n in ["a", "b"] {
-        sm.apply(
-            &Command::MountSegment {
-                node_name: n.into(),
-                node_id_hint: 0,
-                capacity: CAP,
-                data_addrs: vec![],
-                now_ms: 0,
-            },
-            &mut Vec::new(),
-        );
+        mount_named(&mut sm, n);
     }
     let segs: Vec<SegmentId> = sm.segments().map(|s| s.id).collect();
     let rep = |s: SegmentId, off: u64| Replica {
@@ -603,16 +608,7 @@ fn unmounting_a_dead_node_drops_its_replicas_and_counts_orphans() {
     assert_eq!(sm.object("two").unwrap().replicas.count(), 1);
     assert_eq!(sm.counters().dead_node_dropped_objects, 1);
     // Remounting node a gets generation 2; commits naming generation 1 are refused.
-    let out = sm.apply(
-        &Command::MountSegment {
-            node_name: "a".into(),
-            node_id_hint: 0,
-            capacity: CAP,
-            data_addrs: vec![],
-            now_ms: 0,
-        },
-        &mut Vec::new(),
-    );
+    let out = mount_named(&mut sm, "a");
     assert!(matches!(out, Outcome::Mounted { generation: 2, .. }));
     assert!(matches!(
         sm.apply(&put("four", vec![rep(segs[0], 128)], 4), &mut Vec::new()),
@@ -625,16 +621,7 @@ fn unmounting_a_dead_node_drops_its_replicas_and_counts_orphans() {
 #[test]
 fn snapshot_with_overlapping_objects_is_refused() {
     let mut sm = StateMachine::new();
-    sm.apply(
-        &Command::MountSegment {
-            node_name: "a".into(),
-            node_id_hint: 0,
-            capacity: CAP,
-            data_addrs: vec![],
-            now_ms: 0,
-        },
-        &mut Vec::new(),
-    );
+    mount_named(&mut sm, "a");
     let seg = sm.segments().next().unwrap().id;
     let rep = |off: u64| Replica {
         segment: seg,
