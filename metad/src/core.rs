@@ -70,6 +70,12 @@ impl Core {
             }
             l.on_applied_command(cmd, &self.sm);
         }
+        if let Some(mut table) = self.sm.take_removed_table() {
+            // The snapshots being written from it take what they need now, under this lock;
+            // freeing its objects (seconds at ten million) is no apply's business.
+            table.detach_snapshots();
+            drop_aside(table);
+        }
         if let Some(changes) = changes {
             if matches!(cmd, Command::RemoveAll) {
                 // One marker rather than a removal per key.
@@ -84,7 +90,9 @@ impl Core {
     /// Replaces the state with an installed snapshot. Only followers install snapshots; a leader
     /// state, if any, no longer matches and is dropped.
     pub fn install(&mut self, sm: StateMachine) {
-        std::mem::replace(&mut self.sm, sm).detach_snapshots();
+        let mut old = std::mem::replace(&mut self.sm, sm);
+        old.detach_snapshots();
+        drop_aside(old);
         self.leader = None;
         self.feed.reset();
     }
@@ -116,6 +124,18 @@ impl Core {
     pub fn leader_parts(&mut self) -> Option<(&mut Leader, &mut StateMachine)> {
         let l = self.leader.as_mut()?;
         Some((l, &mut self.sm))
+    }
+}
+
+/// Drops `v` on a thread of its own: a replaced state or a removed object table frees millions
+/// of allocations, which must not hold the core's lock (and so the applies and heartbeats).
+fn drop_aside<T: Send + 'static>(v: T) {
+    let spawned = std::thread::Builder::new()
+        .name("metad-drop".into())
+        .spawn(move || drop(v));
+    // Without a thread the value was dropped here, by the failed spawn.
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "could not start a thread to free a replaced table; freed inline");
     }
 }
 
@@ -159,6 +179,7 @@ fn change_of(sm: &StateMachine, e: &Effect) -> Option<Change> {
             })
         }
         Effect::Unmounted { segment } => Some(Change::SegmentDown { segment: *segment }),
-        Effect::CommitRejected { .. } | Effect::Freed { .. } => None,
+        // The command's own marker (`Change::RemovedAll`) stands for it.
+        Effect::CommitRejected { .. } | Effect::Freed { .. } | Effect::RemovedAll => None,
     }
 }

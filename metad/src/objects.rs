@@ -227,7 +227,7 @@ impl Objects {
 
     /// The table is being replaced (a snapshot from the leader was installed): the snapshots
     /// being written keep the shards they have not taken yet, as they were when they began.
-    pub fn detach_snapshots(mut self) {
+    pub fn detach_snapshots(&mut self) {
         let writing: Vec<_> = std::mem::take(&mut self.writing)
             .into_iter()
             .filter(|w| Arc::strong_count(w) > 1)
@@ -493,6 +493,7 @@ mod tests {
             t.remove(&format!("k{i}"));
         }
         std::mem::replace(&mut t, table(10)).detach_snapshots();
+        // (The temporary is the replaced table: detached, then dropped.)
         assert_eq!(taken(&snap, &t, &early), before);
     }
 }

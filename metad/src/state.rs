@@ -62,6 +62,9 @@ pub enum Effect {
     Shrunk {
         key: String,
     },
+    /// Every object was removed at once (`RemoveAll`): their extents are free in the state
+    /// machine, their table is set aside ([`StateMachine::removed_object`]).
+    RemovedAll,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +117,8 @@ pub struct StateMachine {
     soft_pin_index: BTreeSet<(u64, Box<str>)>,
     bytes_used: u64,
     hard_pinned_bytes: u64,
+    /// The table a `RemoveAll` set aside, until the applier takes it (never in snapshots).
+    removed_table: Option<Objects>,
 }
 
 impl StateMachine {
@@ -328,12 +333,9 @@ impl StateMachine {
                 Outcome::Removed(r)
             }
             Command::RemoveAll => {
-                let keys: Vec<String> = self.objects.keys().map(str::to_string).collect();
-                for k in &keys {
-                    self.remove_object(k, fx);
-                }
-                self.counters.removed_objects += keys.len() as u64;
-                Outcome::RemovedAll(keys.len() as u64)
+                let n = self.remove_all(fx);
+                self.counters.removed_objects += n;
+                Outcome::RemovedAll(n)
             }
             Command::Evict { keys } => {
                 let n = keys
@@ -653,6 +655,47 @@ impl StateMachine {
         }
     }
 
+    /// Removes every object in steps that do not depend on how many there are: the table is
+    /// set aside whole (for the caller to hand to [`Self::take_removed_table`] and drop off the
+    /// apply path), every segment's space is free again, and one [`Effect::RemovedAll`] stands
+    /// for the per-object `Freed`/`Removed` effects (the leader holds the extents of leased
+    /// objects from the set-aside table). The result equals removing the objects one by one.
+    fn remove_all(&mut self, fx: &mut Vec<Effect>) -> u64 {
+        let table = std::mem::take(&mut self.objects);
+        let n = table.len() as u64;
+        self.merge_removed_table(table);
+        for seg in self.segments.values_mut() {
+            seg.used = 0;
+            seg.objects = 0;
+            self.free.insert(seg.id, RangeAlloc::new(seg.capacity));
+        }
+        self.ttl_index.clear();
+        self.soft_pin_index.clear();
+        self.bytes_used = 0;
+        self.hard_pinned_bytes = 0;
+        fx.push(Effect::RemovedAll);
+        n
+    }
+
+    /// Keeps `table` until the caller takes it; a table set aside earlier and not taken yet
+    /// (only where the state machine is driven without a [`crate::core::Core`]) is dropped.
+    fn merge_removed_table(&mut self, table: Objects) {
+        if let Some(mut earlier) = self.removed_table.replace(table) {
+            earlier.detach_snapshots();
+        }
+    }
+
+    /// The object table the last `RemoveAll` set aside, if not taken yet: the snapshots being
+    /// written from it still need it ([`Objects::detach_snapshots`]) before it is dropped.
+    pub fn take_removed_table(&mut self) -> Option<Objects> {
+        self.removed_table.take()
+    }
+
+    /// An object of the table the last `RemoveAll` set aside (while it is still held).
+    pub fn removed_object(&self, key: &str) -> Option<&Object> {
+        self.removed_table.as_ref()?.get(key)
+    }
+
     /// Unlinks an object and frees its extents (the leader holds them while its read leases
     /// last; design §3 invariant 5).
     fn remove_object(&mut self, key: &str, fx: &mut Vec<Effect>) -> Option<Object> {
@@ -790,7 +833,7 @@ impl StateMachine {
 
     /// Gives the snapshots being written what they still need of this state before it is
     /// replaced.
-    pub fn detach_snapshots(self) {
+    pub fn detach_snapshots(&mut self) {
         self.objects.detach_snapshots();
     }
 

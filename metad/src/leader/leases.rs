@@ -8,7 +8,9 @@ use crate::types::{Extent, SegmentId, Version};
 
 #[derive(Debug, Default)]
 pub struct Leases {
-    until: HashMap<Version, u64>,
+    /// Per leased version: until when, and the key (so that a `RemoveAll` finds the leased
+    /// objects without a walk of every object).
+    until: HashMap<Version, (u64, Box<str>)>,
     /// Freed extents waiting for their object's lease to end: (end, seq) → what to free.
     waiting: BTreeMap<(u64, u64), (SegmentId, Vec<Extent>)>,
     seq: u64,
@@ -16,13 +18,22 @@ pub struct Leases {
 
 impl Leases {
     /// Grants (or extends) a lease on `v` until `until_ms`.
-    pub fn grant(&mut self, v: Version, until_ms: u64) {
-        let e = self.until.entry(v).or_insert(0);
-        *e = (*e).max(until_ms);
+    pub fn grant(&mut self, v: Version, key: &str, until_ms: u64) {
+        let e = self.until.entry(v).or_insert_with(|| (0, key.into()));
+        e.0 = e.0.max(until_ms);
     }
 
     pub fn active(&self, v: &Version, now_ms: u64) -> bool {
-        self.until.get(v).is_some_and(|t| *t > now_ms)
+        self.until.get(v).is_some_and(|(t, _)| *t > now_ms)
+    }
+
+    /// The versions leased at `now_ms`, with their keys.
+    pub fn active_keys(&self, now_ms: u64) -> Vec<(Version, Box<str>)> {
+        self.until
+            .iter()
+            .filter(|(_, (t, _))| *t > now_ms)
+            .map(|(v, (_, k))| (*v, k.clone()))
+            .collect()
     }
 
     /// When `v` is leased, keeps its freed extents until the lease ends and returns None;
@@ -35,7 +46,7 @@ impl Leases {
         now_ms: u64,
     ) -> Option<Vec<Extent>> {
         match self.until.get(v) {
-            Some(&t) if t > now_ms => {
+            Some(&(t, _)) if t > now_ms => {
                 self.seq += 1;
                 self.waiting.insert((t, self.seq), (seg, extents));
                 None
@@ -46,7 +57,7 @@ impl Leases {
 
     /// Forgets ended leases and returns the extents whose wait is over.
     pub fn expire(&mut self, now_ms: u64) -> Vec<(SegmentId, Vec<Extent>)> {
-        self.until.retain(|_, t| *t > now_ms);
+        self.until.retain(|_, (t, _)| *t > now_ms);
         let mut out = Vec::new();
         while let Some(entry) = self.waiting.first_entry() {
             if entry.key().0 > now_ms {
@@ -95,14 +106,16 @@ mod tests {
             node: 1,
             generation: 1,
         };
-        l.grant(v, 100);
+        l.grant(v, "a", 100);
         assert!(l.active(&v, 50));
+        assert_eq!(l.active_keys(50), vec![(v, "a".into())]);
         assert!(l
             .hold_if_leased(&v, seg, vec![Extent::new(0, 64)], 50)
             .is_none());
         assert!(l.expire(99).is_empty());
         assert_eq!(l.expire(100), vec![(seg, vec![Extent::new(0, 64)])]);
         assert!(!l.active(&v, 100));
+        assert!(l.active_keys(100).is_empty());
         let other = Version { term: 1, id: 2 };
         assert_eq!(
             l.hold_if_leased(&other, seg, vec![Extent::new(64, 64)], 0),

@@ -488,7 +488,7 @@ impl Leader {
         keys.iter()
             .map(|k| {
                 let obj = sm.touch_object(k, access)?.clone();
-                self.leases.grant(obj.version, until);
+                self.leases.grant(obj.version, k, until);
                 let mut replicas: Vec<PlacedReplica> = obj
                     .replicas
                     .to_vec()
@@ -572,9 +572,40 @@ impl Leader {
                 self.live.forget(segment);
                 self.drain_proposed.remove(segment);
             }
+            Effect::RemovedAll => self.on_removed_all(sm, now),
             // What the watch feed follows; the leader's bookkeeping needs none of it.
             Effect::Removed { .. } | Effect::Shrunk { .. } => {}
         }
+    }
+
+    /// Every object was removed: the leader keeps holding the extents of the leased ones (until
+    /// their leases end), its reservations, and what already waits for a lease; the rest of
+    /// each segment is free. The cost follows the leases and reservations, not the objects.
+    fn on_removed_all(&mut self, sm: &StateMachine, now: Now) {
+        for (version, key) in self.leases.active_keys(now.mono_ms) {
+            let Some(obj) = sm.removed_object(&key).filter(|o| o.version == version) else {
+                continue;
+            };
+            for r in obj.replicas.to_vec() {
+                // Leased now, so held (never handed back).
+                let _ = self
+                    .leases
+                    .hold_if_leased(&version, r.segment, r.extents, now.mono_ms);
+            }
+        }
+        let held = self
+            .res
+            .iter()
+            .flat_map(|r| {
+                r.replicas
+                    .iter()
+                    .flat_map(|rep| rep.extents.iter().map(move |e| (rep.segment, *e)))
+            })
+            .chain(self.leases.waiting_extents())
+            .collect::<Vec<_>>();
+        self.shadow.reset_to(sm, &held);
+        self.evicting.clear();
+        self.evict_cursor = Default::default();
     }
 
     /// Notes that a proposal of this leader's was applied (clears its in-flight marker).

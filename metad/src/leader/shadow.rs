@@ -42,6 +42,19 @@ impl Shadow {
         Self { segs }
     }
 
+    /// Sets every segment's free space to the state machine's less `held` (keeping whether it
+    /// is ready or draining).
+    pub fn reset_to(&mut self, sm: &StateMachine, held: &[(SegmentId, Extent)]) {
+        for (id, s) in self.segs.iter_mut() {
+            if let Some(free) = sm.free_space(id) {
+                s.alloc = free.clone();
+            }
+        }
+        for (id, e) in held {
+            self.take_overlapping(id, e);
+        }
+    }
+
     pub fn add_segment(&mut self, id: SegmentId, capacity: u64, ready: bool) {
         self.segs.insert(
             id,

@@ -392,3 +392,129 @@ fn an_applied_upsert_tells_watchers_of_the_new_object_only() {
         .iter()
         .any(|e| matches!(e, Effect::Committed { version, .. } if *version == r.version)));
 }
+
+// ---------------------------------------------------------------- issue 17, item 4
+
+fn extents_overlap(a: &Extent, b: &Extent) -> bool {
+    a.offset < b.offset + b.len && b.offset < a.offset + a.len
+}
+
+/// `RemoveAll` costs what the leases and reservations cost, not the objects: it must still
+/// keep a leased object's extents from reuse until the lease ends (invariant 5) and keep a
+/// reservation in flight, and free everything else at once.
+#[test]
+fn remove_all_holds_leased_and_reserved_extents_and_frees_the_rest() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    for k in ["leased", "b", "c", "d"] {
+        put_and_commit(&mut core, &put(k, 60_000), t0);
+    }
+    let seg = core.sm().segments().map(|s| s.id).next().expect("segment");
+    let (l, sm) = core.leader_parts().expect("leader");
+    let leased = l.get(sm, &["leased".into()], 1, t0)[0]
+        .clone()
+        .expect("leased is there");
+    let pending = l.reserve(sm, &put("pending", 0), t0).expect("reserve");
+
+    assert_eq!(core.apply(&Command::RemoveAll, t0), Outcome::RemovedAll(4));
+    let sm = core.sm();
+    assert_eq!(sm.key_count(), 0);
+    assert_eq!(sm.next_expiry(), None, "the TTL index is empty too");
+    let s = sm.segment(&seg).expect("still mounted");
+    assert_eq!((s.used, s.objects), (0, 0));
+    assert_eq!(sm.free_space(&seg).expect("allocator").free_bytes(), CAP);
+
+    // Fill the leader's free space: nothing placed may touch the leased or reserved extents.
+    let keep: Vec<Extent> = leased.replicas[0]
+        .extents
+        .iter()
+        .chain(pending.replicas[0].extents.iter())
+        .copied()
+        .collect();
+    let held: u64 = keep.iter().map(|e| e.len).sum();
+    let (l, sm) = core.leader_parts().expect("leader");
+    let mut placed = 0u64;
+    while let Ok(r) = l.reserve(sm, &put(&format!("fill{placed}"), 0), t0) {
+        for e in &r.replicas[0].extents {
+            assert!(
+                !keep.iter().any(|k| extents_overlap(k, e)),
+                "{e:?} was handed out while held ({keep:?})"
+            );
+            placed += e.len;
+        }
+        l.abort(&[r.version]);
+        // Aborted reservations are freed at once; keep them held instead, to fill the space.
+        l.shadow.take_overlapping(&seg, &r.replicas[0].extents[0]);
+    }
+    assert_eq!(
+        placed,
+        CAP - held,
+        "everything but the held extents is free"
+    );
+
+    // Once the lease has ended, the leased extents are free again.
+    let later = at(
+        t0.mono_ms + CacheConfig::default().lease_ttl_ms + 1,
+        t0.wall_ms,
+    );
+    let (l, sm) = core.leader_parts().expect("leader");
+    l.tick(sm, later, true);
+    let free_after: u64 = l.shadow.usage().1;
+    assert_eq!(
+        free_after,
+        leased.replicas[0]
+            .extents
+            .iter()
+            .map(|e| e.len)
+            .sum::<u64>()
+    );
+}
+
+/// The one-step `RemoveAll` leaves the state a removal of each key would have left.
+#[test]
+fn remove_all_equals_removing_every_key() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    core.apply(&mount("b", t0), t0);
+    let mut keys = Vec::new();
+    for i in 0..40 {
+        let k = format!("k{i}");
+        let req = PutRequest {
+            replicas: 1 + (i % 2),
+            pin: if i % 5 == 0 {
+                PinKind::Hard
+            } else {
+                PinKind::None
+            },
+            ..put(&k, if i % 3 == 0 { 60_000 } else { 0 })
+        };
+        put_and_commit(&mut core, &req, t0);
+        keys.push(k);
+    }
+    let mut one_by_one = core.sm().clone();
+    let mut fx = Vec::new();
+    one_by_one.apply(&Command::Remove { keys }, &mut fx);
+    let mut at_once = core.sm().clone();
+    fx.clear();
+    assert_eq!(
+        at_once.apply(&Command::RemoveAll, &mut fx),
+        Outcome::RemovedAll(40)
+    );
+    assert_eq!(fx, vec![Effect::RemovedAll]);
+    assert_eq!(at_once.removed_object("k3").map(|o| o.size), Some(4096));
+    assert!(at_once.take_removed_table().is_some());
+    assert_eq!(at_once.snapshot_bytes(), one_by_one.snapshot_bytes());
+    for s in one_by_one.segments() {
+        let t = at_once.segment(&s.id).expect("segment");
+        assert_eq!((t.used, t.objects), (s.used, s.objects));
+        assert_eq!(
+            at_once.free_space(&s.id).map(|a| a.free_bytes()),
+            one_by_one.free_space(&s.id).map(|a| a.free_bytes())
+        );
+    }
+    assert_eq!(at_once.next_expiry(), one_by_one.next_expiry());
+}

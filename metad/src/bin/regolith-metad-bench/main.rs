@@ -5,7 +5,12 @@
 //! get-placement latency over gRPC; then N objects of 64-byte keys loaded by concurrent writers
 //! (load rate, elections and snapshot builds and installs during the load, replica RSS steady
 //! and peak), the time from `kill -9` of the leader to the first successful commit, and the time
-//! from starting all three replicas again (after SIGTERM) to the first successful commit.
+//! from starting all three replicas again (after SIGTERM) to the first successful commit, and
+//! then a `RemoveAll` of everything loaded (its time, and the slowest commit beside it). With
+//! `--segments N`, N simulated sidecars mount and heartbeat every second (module `segments`)
+//! after the load, with the leader's CPU measured.
+
+mod segments;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -48,6 +53,13 @@ struct Opts {
     /// machine's cores, so one each by default.
     #[arg(long, default_value_t = 1)]
     replica_threads: usize,
+    /// Simulated sidecars that mount a segment each and heartbeat it every second after the
+    /// load (0 skips the phase).
+    #[arg(long, default_value_t = 0)]
+    segments: u64,
+    /// Seconds the simulated sidecars heartbeat.
+    #[arg(long, default_value_t = 20)]
+    segment_seconds: u64,
     /// Extra argument passed to every replica (repeatable), e.g. `--metad-arg=--sled-cache=16MiB`.
     #[arg(long = "metad-arg", allow_hyphen_values = true)]
     metad_args: Vec<String>,
@@ -183,7 +195,7 @@ fn rss_kib(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -333,6 +345,50 @@ async fn load(client: &MetadClient, node: u64, n: u64, writers: u64, batch: u64)
         retries += t.await.unwrap_or(0);
     }
     retries
+}
+
+#[derive(Debug, Default)]
+struct Removal {
+    removed: u64,
+    ms: f64,
+    slowest_commit_ms: f64,
+}
+
+/// A `RemoveAll` of everything, with one writer committing back to back beside it: how long
+/// the call took, and the slowest commit while it ran (a stall would show there).
+async fn remove_all_beside_commits(
+    client: &MetadClient,
+    hb: &pb::HeartbeatRequest,
+    node: u64,
+) -> Removal {
+    let _ = client.heartbeat(hb.clone()).await;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (client, done) = (client.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut slowest = Duration::ZERO;
+            let mut i = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                put(&client, format!("beside-remove-all-{i}"), node).await;
+                slowest = slowest.max(t.elapsed());
+                i += 1;
+            }
+            slowest
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    let removed = client.remove_all().await.expect("remove all");
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    done.store(true, Ordering::Relaxed);
+    let slowest = writer.await.unwrap_or_default();
+    Removal {
+        removed,
+        ms,
+        slowest_commit_ms: slowest.as_secs_f64() * 1e3,
+    }
 }
 
 /// What a replica's `/metrics` says, by metric name (gauges without labels).
@@ -528,12 +584,30 @@ fn main() {
                 rss.push((now, peak));
             }
         }
+        let leader = client.stats().await.expect("stats").leader_id;
+        let seg_report = if opts.segments > 0 {
+            eprintln!(
+                "{} simulated sidecars heartbeating every second for {} s...",
+                opts.segments, opts.segment_seconds
+            );
+            let pid = replicas
+                .iter()
+                .find(|r| r.id == leader)
+                .and_then(|r| r.child.as_ref())
+                .map(|c| c.id())
+                .unwrap_or(0);
+            let r = segments::run(client.addrs(), pid, opts.segments, opts.segment_seconds).await;
+            eprintln!("  {r:?}");
+            Some(r)
+        } else {
+            None
+        };
         eprintln!("failover: kill -9 of the leader...");
         let leader = client.stats().await.expect("stats").leader_id;
         keepalive.abort();
-        (rss, leader, m.node_id, hb)
+        (rss, leader, m.node_id, hb, seg_report)
     });
-    let (rss, leader, node, hb) = report;
+    let (rss, leader, node, hb, seg_report) = report;
     let killed = Instant::now();
     if let Some(r) = replicas.iter_mut().find(|r| r.id == leader) {
         if let Some(mut c) = r.child.take() {
@@ -557,6 +631,8 @@ fn main() {
         first_commit(&client, &hb, node, "after-restart").await;
         restarted.elapsed()
     });
+    let removal = rt.block_on(remove_all_beside_commits(&client, &hb, node));
+    eprintln!("  {removal:?}");
     let mb = |kib: u64| kib as f64 / 1024.0;
     let rss_steady = rss.iter().map(|r| r.0).max().unwrap_or(0);
     let rss_peak = rss.iter().map(|r| r.1).max().unwrap_or(0);
@@ -604,6 +680,24 @@ fn main() {
         "| all replicas restarted -> first commit (ms) | {:.0} | <= 30000 |",
         restart.as_secs_f64() * 1e3
     );
+    eprintln!(
+        "| RemoveAll of {} objects (ms) / slowest commit beside it (ms) | {:.0} / {:.0} | bounded |",
+        removal.removed, removal.ms, removal.slowest_commit_ms
+    );
+    if let Some(r) = &seg_report {
+        eprintln!(
+            "| {} segments heartbeating every second: leader CPU (share of a core) | {:.3} | <= 0.25 |",
+            r.segments, r.leader_cpu
+        );
+        eprintln!(
+            "| heartbeats / errors / remounts / segments lost | {} / {} / {} / {} | - / 0 / 0 / 0 |",
+            r.heartbeats, r.errors, r.remounts, r.lost
+        );
+        eprintln!(
+            "| heartbeat p50 / p99 / max (us) | {:.0} / {:.0} / {:.0} | - |",
+            r.hb_p50_us, r.hb_p99_us, r.hb_max_us
+        );
+    }
     if opts.json {
         println!(
             "{}",
@@ -621,6 +715,22 @@ fn main() {
                 "snapshot_builds_during_load": load_report.snapshots_built,
                 "snapshot_installs_during_load": load_report.snapshots_installed,
                 "restart_ms": restart.as_secs_f64() * 1e3,
+                "remove_all_objects": removal.removed,
+                "remove_all_ms": removal.ms,
+                "remove_all_slowest_commit_ms": removal.slowest_commit_ms,
+                "segments": seg_report.as_ref().map(|r| serde_json::json!({
+                    "count": r.segments,
+                    "mount_s": r.mount_secs,
+                    "seconds": r.secs,
+                    "leader_cpu": r.leader_cpu,
+                    "heartbeats": r.heartbeats,
+                    "heartbeat_errors": r.errors,
+                    "remounts": r.remounts,
+                    "segments_lost": r.lost,
+                    "heartbeat_p50_us": r.hb_p50_us,
+                    "heartbeat_p99_us": r.hb_p99_us,
+                    "heartbeat_max_us": r.hb_max_us,
+                })),
             })
         );
     }
