@@ -19,6 +19,7 @@
 //! * [`workload`] — the pluggable [`workload::Workload`] / [`workload::WorkloadClient`] traits
 //!   and the client loops; [`sidecars`] — the workload of real sidecars and the Rust client
 //!   (bytes over the data plane); [`metad_only`] — the workload that talks to metad alone.
+//! * [`preload`] — a state of N objects loaded under the run (`HarnessConfig::preload`).
 //! * [`value`] — values derived from (key, write id), traceable to the put that wrote them.
 //! * [`history`] — the recorded operations and events.
 //! * [`checker`] — checks (a)–(f) and the summary table.
@@ -38,6 +39,7 @@ pub mod history;
 pub mod metad_only;
 pub mod nemesis;
 pub mod netns;
+pub mod preload;
 pub mod proxy;
 pub mod run;
 pub mod schedule;

@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::history::{EventKind, History};
 use crate::nemesis::{FaultCtx, Nemesis};
 use crate::netns::{self, Host, NsRuntime, Topology};
+use crate::preload::Preload;
 use crate::schedule::Step;
 use crate::status::{self, SampleResult};
 use crate::workload::{self, Running, Workload, WorkloadConfig};
@@ -28,6 +29,9 @@ pub struct HarnessConfig {
     pub warmup: Duration,
     /// The node TTL metad runs with (check (f)); must match `metad.extra_args`.
     pub node_ttl: Duration,
+    /// Objects loaded before the workload starts, so that faults meet a large state
+    /// ([`crate::preload`]); 0 for none.
+    pub preload: u64,
 }
 
 impl HarnessConfig {
@@ -39,6 +43,7 @@ impl HarnessConfig {
             settle: Duration::from_millis(750),
             warmup: Duration::from_secs(2),
             node_ttl: crate::cluster::NODE_TTL,
+            preload: 0,
         }
     }
 }
@@ -98,6 +103,7 @@ impl std::fmt::Display for RunOutcome {
 pub struct Harness<W: Workload> {
     running: Option<Running>,
     pub workload: Arc<W>,
+    preload: Option<Preload>,
     hosts: Vec<(Host, Arc<NsRuntime>)>,
     pub cluster: Cluster,
     pub history: History,
@@ -118,7 +124,13 @@ impl<W: Workload> Harness<W> {
         let topo = Topology::build(&netns::standard_hosts())?;
         let history = History::new();
         let observer = Arc::new(NsRuntime::new(&topo.bridge_ns, 1)?);
-        let cluster = Cluster::start(&topo, cfg.metad.clone(), observer, history.clone(), 3)?;
+        let cluster = Cluster::start(
+            &topo,
+            cfg.metad.clone(),
+            observer.clone(),
+            history.clone(),
+            3,
+        )?;
         let workload = Arc::new(workload);
         let mut hosts = Vec::new();
         for host in topo.hosts.values().filter(|h| h.name.starts_with('s')) {
@@ -128,6 +140,12 @@ impl<W: Workload> Harness<W> {
             rt.run(async move { w.start_host(ctx).await })?;
             hosts.push((host.clone(), rt));
         }
+        // After the hosts mounted their segments: the preloaded objects are a small share of
+        // the pool, far below the eviction watermark.
+        let preload = match cfg.preload {
+            0 => None,
+            n => Some(Preload::start(&observer, cluster.admin_client()?, n)?),
+        };
         let write_ids = Arc::new(AtomicU64::new(1));
         let running =
             workload::start_clients(&workload, &hosts, &cfg.workload, &history, &write_ids)?;
@@ -141,6 +159,7 @@ impl<W: Workload> Harness<W> {
             data_proxies,
             running: Some(running),
             workload,
+            preload,
             hosts,
             cluster,
             history,
@@ -292,7 +311,16 @@ impl<W: Workload> Harness<W> {
             }
         }
         self.restart_exited_sidecars();
-        let notes = self.workload.report();
+        let mut notes = self.workload.report();
+        if let Some(p) = &self.preload {
+            notes.push(format!(
+                "preloaded {} objects in {:.1}s before the first fault",
+                p.objects, p.load_secs
+            ));
+            if let Err(e) = p.finish(self.cluster.observer()) {
+                self.errors.push(format!("preloaded state: {e}"));
+            }
+        }
         self.workload.stop();
         self.cluster.stop_sampling();
         let samples = self.cluster.samples();

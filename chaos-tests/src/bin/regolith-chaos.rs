@@ -47,6 +47,11 @@ struct Args {
     /// sidecar binary to run (default: `regolith-sidecar` beside this binary).
     #[arg(long)]
     sidecar_bin: Option<std::path::PathBuf>,
+    /// Objects loaded before the first fault (by a node no fault touches), so that faults meet
+    /// a large state: snapshots, installs, failovers and restarts at that size. Needs
+    /// `--workload metad-only`.
+    #[arg(long, default_value_t = 0)]
+    preload: u64,
     /// `sidecar` (real sidecars, bytes over the data plane) or `metad-only` (fake sidecars:
     /// metadata faults only, plus the extent-overlap and premature-death checks).
     #[arg(long, default_value = "sidecar", value_parser = ["sidecar", "metad-only"])]
@@ -75,7 +80,13 @@ fn main() -> ExitCode {
     cfg.workload.seed = args.seed;
     cfg.workload.keys = args.keys;
     cfg.workload.clients_per_host = args.clients;
+    cfg.preload = args.preload;
     let data_plane = args.workload == "sidecar";
+    if data_plane && args.preload > 0 {
+        // Real sidecars mount small segments: the pool's eviction would take preloaded objects.
+        eprintln!("regolith-chaos: --preload needs --workload metad-only");
+        return ExitCode::from(2);
+    }
     // A filter that keeps nothing would make the endless long schedule spin forever.
     let known: Vec<String> = schedule::quick(args.seed, data_plane)
         .iter()
