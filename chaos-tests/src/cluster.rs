@@ -342,6 +342,17 @@ impl Cluster {
         Ok(MetadClient::new(cfg)?)
     }
 
+    /// A metad client for heartbeats from the observer: attempts short enough that a dead or
+    /// paused leader costs well under a node TTL (the fake sidecars' settings).
+    pub fn heartbeat_client(&self) -> Result<MetadClient> {
+        let mut cfg = ClientConfig::new(self.metad_addrs());
+        cfg.token = Some(self.token.clone());
+        cfg.connect_timeout = Duration::from_millis(400);
+        cfg.request_timeout = Duration::from_millis(800);
+        cfg.retry_deadline = Duration::from_millis(2500);
+        Ok(MetadClient::new(cfg)?)
+    }
+
     // ------------------------------------------------------------------ processes
 
     /// kill -9 of replica `id`.

@@ -49,16 +49,22 @@ pub fn key(i: u64) -> String {
 }
 
 impl Preload {
-    /// Mounts, loads `n` objects and starts heartbeating, on `observer`.
-    pub fn start(observer: &NsRuntime, admin: MetadClient, n: u64) -> Result<Self> {
+    /// Mounts, loads `n` objects and starts heartbeating, on `observer`. `admin` loads;
+    /// `beats` heartbeats, with attempts short enough that a dead leader never costs a node TTL.
+    pub fn start(
+        observer: &NsRuntime,
+        admin: MetadClient,
+        beats: MetadClient,
+        n: u64,
+    ) -> Result<Self> {
         let t = Instant::now();
-        let a = admin.clone();
-        let (node_id, generation) = observer.run(async move { mount_and_load(&a, n).await })?;
+        let (a, b) = (admin.clone(), beats.clone());
+        let (node_id, generation) = observer.run(async move { mount_and_load(&a, &b, n).await })?;
         let load_secs = t.elapsed().as_secs_f64();
         tracing::info!(objects = n, secs = load_secs, "preloaded");
         let stop = Arc::new(AtomicBool::new(false));
-        let (a, s) = (admin.clone(), stop.clone());
-        observer.spawn(async move { heartbeat_until(&a, node_id, generation, &s).await });
+        let s = stop.clone();
+        observer.spawn(async move { heartbeat_until(&beats, node_id, generation, &s).await });
         Ok(Self {
             objects: n,
             load_secs,
@@ -98,7 +104,7 @@ impl Preload {
     }
 }
 
-async fn mount_and_load(admin: &MetadClient, n: u64) -> Result<(u64, u64)> {
+async fn mount_and_load(admin: &MetadClient, beats: &MetadClient, n: u64) -> Result<(u64, u64)> {
     let m = admin
         .mount(pb::MountSegmentRequest {
             node_name: NODE_NAME.into(),
@@ -117,7 +123,7 @@ async fn mount_and_load(admin: &MetadClient, n: u64) -> Result<(u64, u64)> {
     // Heartbeats while loading: a long load must not outlive the node TTL.
     let stop = Arc::new(AtomicBool::new(false));
     let beat = {
-        let (a, stop) = (admin.clone(), stop.clone());
+        let (a, stop) = (beats.clone(), stop.clone());
         let (node, generation) = (m.node_id, m.generation);
         tokio::spawn(async move { heartbeat_until(&a, node, generation, &stop).await })
     };

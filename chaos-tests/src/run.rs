@@ -144,7 +144,12 @@ impl<W: Workload> Harness<W> {
         // the pool, far below the eviction watermark.
         let preload = match cfg.preload {
             0 => None,
-            n => Some(Preload::start(&observer, cluster.admin_client()?, n)?),
+            n => Some(Preload::start(
+                &observer,
+                cluster.admin_client()?,
+                cluster.heartbeat_client()?,
+                n,
+            )?),
         };
         let write_ids = Arc::new(AtomicU64::new(1));
         let running =
