@@ -13,7 +13,9 @@
 //!   learners); otherwise `PERMISSION_DENIED`. A replica whose membership is still empty (a
 //!   fresh member waiting to be added, or before bootstrap completes) accepts any sender, or it
 //!   could never join; a member being added is already in the leader's membership, and the
-//!   leader in its.
+//!   leader in its. Likewise a replica missing from its own membership (one being added that
+//!   installed a snapshot older than its addition, whose membership names the members before
+//!   it): its membership is stale, and refusing the leader would keep it so.
 //!
 //! Both are checks on what a sender claims. Authentication is the peer credential
 //! (`--peer-token-file`, checked by `regolith_proto::auth::PeerCheck` before this service
@@ -162,6 +164,12 @@ pub fn check(
     let Some(members) = &local.members else {
         return Ok(()); // not yet a member of anything: whoever adds us speaks first
     };
+    if !members.contains(&me) {
+        // A membership without this replica predates it: a member being added that restored
+        // a snapshot older than its own addition (seen with a million objects, where the
+        // snapshot takes seconds) must hear the leader that adds it, as a fresh one does.
+        return Ok(());
+    }
     let Some(sender) = sender else {
         return Err(Refusal::NoSender(format!(
             "metad {me}: {rpc} at term {term} refused: the vote names no sender"
@@ -386,6 +394,24 @@ mod tests {
         );
         let e = check(&members, "append_entries", &Vote::default(), [None]).unwrap_err();
         assert_eq!(e.reason(), "no_sender");
+        // A replica being added that restored an older snapshot: its membership predates it.
+        let stale = Local {
+            id: 10,
+            term: 75,
+            members: Some([1, 5, 7].into_iter().collect()),
+        };
+        assert_eq!(
+            check(
+                &stale,
+                "append_entries",
+                &Vote::new_committed(75, 8),
+                [None]
+            ),
+            Ok(())
+        );
+        // The term checks still apply to it.
+        let e = check(&stale, "vote", &Vote::new(u64::MAX, 8), [None]).unwrap_err();
+        assert_eq!(e.reason(), "term_out_of_range");
         let fresh = Local {
             id: 5,
             term: 0,
