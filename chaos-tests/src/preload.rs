@@ -194,7 +194,10 @@ async fn missing_keys(admin: &MetadClient, n: u64) -> Result<Vec<u64>> {
 }
 
 /// Heartbeats the segment until `stop`, releasing what the leader quarantined (reservations
-/// of lost batches: nothing was written under them).
+/// of lost batches: nothing was written under them). Every beat goes to every replica: the
+/// observer sees both sides of a partition, and a deposed leader cut off in a minority still
+/// answers heartbeats, so a client that keeps to the leader it knows could feed that one alone
+/// while the majority's leader declares the node dead.
 async fn heartbeat_until(admin: &MetadClient, node_id: u64, generation: u64, stop: &AtomicBool) {
     let mut released = Vec::new();
     while !stop.load(Ordering::Relaxed) {
@@ -204,9 +207,24 @@ async fn heartbeat_until(admin: &MetadClient, node_id: u64, generation: u64, sto
             released: std::mem::take(&mut released),
             ..Default::default()
         };
-        if let Ok((r, _)) = admin.heartbeat(hb).await {
-            released = r.quarantined;
+        let beats: Vec<_> = admin
+            .addrs()
+            .iter()
+            .map(|addr| {
+                let (a, addr, hb) = (admin.clone(), addr.clone(), hb.clone());
+                tokio::spawn(async move {
+                    let call = a.call_at(&addr, |mut c| async move { c.heartbeat(hb).await });
+                    tokio::time::timeout(HEARTBEAT_EVERY * 3, call).await
+                })
+            })
+            .collect();
+        for b in beats {
+            if let Ok(Ok(Ok(r))) = b.await {
+                released.extend(r.quarantined);
+            }
         }
+        released.sort_by_key(|v| (v.term, v.id));
+        released.dedup_by_key(|v| (v.term, v.id));
         tokio::time::sleep(HEARTBEAT_EVERY).await;
     }
 }
