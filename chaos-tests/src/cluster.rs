@@ -334,22 +334,29 @@ impl Cluster {
 
     /// A metad client for the observer (admin calls).
     pub fn admin_client(&self) -> Result<MetadClient> {
-        let mut cfg = ClientConfig::new(self.metad_addrs());
-        cfg.token = Some(self.token.clone());
-        cfg.connect_timeout = Duration::from_secs(1);
-        cfg.request_timeout = Duration::from_secs(5);
-        cfg.retry_deadline = Duration::from_secs(20);
-        Ok(MetadClient::new(cfg)?)
+        self.client(
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+            Duration::from_secs(20),
+        )
     }
 
     /// A metad client for heartbeats from the observer: attempts short enough that a dead or
     /// paused leader costs well under a node TTL (the fake sidecars' settings).
     pub fn heartbeat_client(&self) -> Result<MetadClient> {
+        self.client(
+            Duration::from_millis(400),
+            Duration::from_millis(800),
+            Duration::from_millis(2500),
+        )
+    }
+
+    fn client(&self, connect: Duration, request: Duration, retry: Duration) -> Result<MetadClient> {
         let mut cfg = ClientConfig::new(self.metad_addrs());
         cfg.token = Some(self.token.clone());
-        cfg.connect_timeout = Duration::from_millis(400);
-        cfg.request_timeout = Duration::from_millis(800);
-        cfg.retry_deadline = Duration::from_millis(2500);
+        cfg.connect_timeout = connect;
+        cfg.request_timeout = request;
+        cfg.retry_deadline = retry;
         Ok(MetadClient::new(cfg)?)
     }
 
