@@ -35,6 +35,8 @@ pub struct Metrics {
     /// Leadership hand-overs this replica led, by result (`ok`, `failed`).
     pub leader_transfers: IntCounterVec,
     pub fsyncs: IntGauge,
+    pub raft_entries_sent: IntCounter,
+    pub raft_append_probes: IntCounterVec,
     pub appended_entries: IntGauge,
     pub snapshots_built: IntGauge,
     pub snapshots_installed: IntGauge,
@@ -178,6 +180,16 @@ impl Metrics {
                 &["result"],
             ),
             fsyncs: gauge(&r, "storage_fsyncs", "fsyncs of the Raft log"),
+            raft_entries_sent: counter(
+                &r,
+                "raft_entries_sent_total",
+                "Log entries carried by the AppendEntries this replica sent as leader",
+            ),
+            raft_append_probes: counter_vec(
+                "raft_append_probes_total",
+                "Empty AppendEntries asking a follower whether it holds the entry its vote answer named, by answer (matched: the entries up to it were not sent again)",
+                &["result"],
+            ),
             appended_entries: gauge(
                 &r,
                 "storage_appended_entries",

@@ -4,7 +4,21 @@
 //! AppendEntries are capped by bytes: when the entries openraft hands over serialize to more
 //! than the cap, only the prefix that fits is sent and a success is reported to openraft as
 //! `PartialSuccess`, so it sends the rest next.
+//!
+//! A new leader does not know how much of its log a follower holds: openraft 0.9 probes from the
+//! middle of the unpurged log *with the entries*, so a follower that holds all of it (the usual
+//! case after a failover) was sent half a snapshot's worth of log again before the new leader's
+//! first entry could commit (~0.5 s at a million objects, growing with the state). Each peer's
+//! vote answer names its last log id ([`PeerLogs`]); when an AppendEntries carries that entry
+//! (same index, same term: by Raft's log matching the follower then holds every entry before
+//! it), an empty AppendEntries whose previous entry is that one asks the follower first. Its
+//! success is reported to openraft as `PartialSuccess` up to that entry (or `Success` when it
+//! was the last one sent); a refusal sends the original request. Only the follower's answer
+//! counts, never what the vote said, so a stale vote answer costs one round trip, not safety.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{
@@ -15,7 +29,8 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
+use openraft::{BasicNode, Entry, LogId};
+use parking_lot::Mutex;
 use regolith_proto::auth::PeerInterceptor;
 use regolith_proto::raft::raft_client::RaftClient;
 use regolith_proto::raft::RaftMessage;
@@ -66,6 +81,67 @@ pub struct Network {
     pub outlogged: Outlogged,
     /// Mutual TLS to the peers, when the replica serves TLS.
     pub tls: Option<regolith_proto::tls::Tls>,
+    /// The peers' last log ids from their vote answers, and what was sent.
+    pub logs: PeerLogs,
+}
+
+/// Each peer's last log id as its latest vote answer gave it, and counts of what this replica's
+/// AppendEntries carried; shared by the clients of the Raft core and of its replication streams.
+#[derive(Clone, Default)]
+pub struct PeerLogs {
+    last: Arc<Mutex<HashMap<NodeId, LogId<NodeId>>>>,
+    stats: Arc<SendStats>,
+}
+
+/// Totals since start, for the metrics.
+#[derive(Debug, Default)]
+pub struct SendStats {
+    /// Entries carried by AppendEntries this replica sent.
+    pub entries_sent: AtomicU64,
+    /// Probes a follower answered holding the entry asked about...
+    pub probes_matched: AtomicU64,
+    /// ...and those it refused (the original request was sent after them).
+    pub probes_refused: AtomicU64,
+}
+
+impl PeerLogs {
+    fn saw(&self, peer: NodeId, last: LogId<NodeId>) {
+        self.last.lock().insert(peer, last);
+    }
+
+    fn forget(&self, peer: NodeId) {
+        self.last.lock().remove(&peer);
+    }
+
+    fn last_of(&self, peer: NodeId) -> Option<LogId<NodeId>> {
+        self.last.lock().get(&peer).copied()
+    }
+
+    pub fn stats(&self) -> &SendStats {
+        &self.stats
+    }
+}
+
+/// The entry of `entries` (contiguous, ascending) that a follower whose last log id is `known`
+/// holds with everything before it: `known` itself when it is among them with the same term, or
+/// the last entry when `known` lies at or past it (the probe then asks about that one). None
+/// when the follower holds none of them or its entry at that index is of another term.
+fn probe_point(
+    known: Option<LogId<NodeId>>,
+    entries: &[Entry<TypeConfig>],
+) -> Option<LogId<NodeId>> {
+    let known = known?;
+    let first = entries.first()?.log_id.index;
+    let last = entries.last()?.log_id;
+    if known.index < first {
+        return None;
+    }
+    if known.index >= last.index {
+        return Some(last);
+    }
+    let at = usize::try_from(known.index - first).ok()?;
+    let e = entries.get(at)?;
+    (e.log_id == known).then_some(known)
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -87,6 +163,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             client,
             max_bytes: self.append_budget_bytes.min(self.max_message_bytes),
             outlogged: self.outlogged.clone(),
+            logs: self.logs.clone(),
         }
     }
 }
@@ -97,6 +174,7 @@ pub struct Peer {
     client: Option<RaftClient<InterceptedService<Channel, PeerInterceptor>>>,
     max_bytes: usize,
     outlogged: Outlogged,
+    logs: PeerLogs,
 }
 
 type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
@@ -181,14 +259,53 @@ impl RaftNetwork<TypeConfig> for Peer {
         mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcErr> {
+        let last_sent = rpc.entries.last().map(|e| e.log_id);
+        if let Some(held) = probe_point(self.logs.last_of(self.target), &rpc.entries) {
+            let probe = AppendEntriesRequest::<TypeConfig> {
+                vote: rpc.vote,
+                prev_log_id: Some(held),
+                leader_commit: rpc.leader_commit,
+                entries: Vec::new(),
+            };
+            let resp: AppendEntriesResponse<NodeId> =
+                self.call(Rpc::Append, &probe, option.hard_ttl()).await?;
+            match resp {
+                AppendEntriesResponse::Success => {
+                    self.logs
+                        .stats
+                        .probes_matched
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Ok(if Some(held) == last_sent {
+                        AppendEntriesResponse::Success
+                    } else {
+                        AppendEntriesResponse::PartialSuccess(Some(held))
+                    });
+                }
+                AppendEntriesResponse::HigherVote(v) => {
+                    return Ok(AppendEntriesResponse::HigherVote(v))
+                }
+                _ => {
+                    self.logs
+                        .stats
+                        .probes_refused
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.logs.forget(self.target);
+                }
+            }
+        }
         let fit = entries_that_fit(&rpc, self.max_bytes);
         let truncated = fit < rpc.entries.len();
         if truncated {
             rpc.entries.truncate(fit);
         }
         let last = rpc.entries.last().map(|e| e.log_id);
+        let sent = rpc.entries.len() as u64;
         let resp: AppendEntriesResponse<NodeId> =
             self.call(Rpc::Append, &rpc, option.hard_ttl()).await?;
+        self.logs
+            .stats
+            .entries_sent
+            .fetch_add(sent, Ordering::Relaxed);
         Ok(match resp {
             AppendEntriesResponse::Success if truncated => {
                 AppendEntriesResponse::PartialSuccess(last)
@@ -211,6 +328,9 @@ impl RaftNetwork<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RpcErr> {
         let resp: VoteResponse<NodeId> = self.call(Rpc::Vote, &rpc, option.hard_ttl()).await?;
+        if let Some(last) = resp.last_log_id {
+            self.logs.saw(self.target, last);
+        }
         if !resp.vote_granted && resp.last_log_id > rpc.last_log_id {
             self.outlogged.saw(rpc.vote.leader_id().term);
         }
@@ -254,5 +374,35 @@ mod tests {
         // An entry above the budget still goes, alone.
         assert_eq!(entries_that_fit(&append_of(&[2 << 20, 10]), 1 << 20), 1);
         assert_eq!(entries_that_fit(&append_of(&[10, 10, 10]), 1 << 20), 3);
+    }
+
+    fn log(term: u64, index: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    /// Entries `first..=last`, of term 2 up to `term2_to` and term 3 after it.
+    fn entries(first: u64, last: u64, term2_to: u64) -> Vec<Entry<TypeConfig>> {
+        (first..=last)
+            .map(|i| Entry {
+                log_id: log(if i <= term2_to { 2 } else { 3 }, i),
+                payload: EntryPayload::Blank,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_probe_asks_about_the_entry_the_followers_vote_named_when_the_leader_sent_the_same() {
+        let sent = entries(101, 200, 190);
+        // The follower voted holding 2-150: it has 101..=150 as sent.
+        assert_eq!(probe_point(Some(log(2, 150)), &sent), Some(log(2, 150)));
+        // At or past the last entry sent: ask about the last one.
+        assert_eq!(probe_point(Some(log(3, 200)), &sent), Some(log(3, 200)));
+        assert_eq!(probe_point(Some(log(2, 250)), &sent), Some(log(3, 200)));
+        // Its entry at 195 is of term 2 where the leader's is of term 3: it diverges there.
+        assert_eq!(probe_point(Some(log(2, 195)), &sent), None);
+        // It holds nothing of what is sent, or nothing is known, or nothing is sent.
+        assert_eq!(probe_point(Some(log(2, 100)), &sent), None);
+        assert_eq!(probe_point(None, &sent), None);
+        assert_eq!(probe_point(Some(log(2, 150)), &[]), None);
     }
 }

@@ -3,6 +3,7 @@
 //! The listeners and the servers on them are `run.rs`'s.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +41,8 @@ pub struct Node {
     /// Raft, the core and the gates: what the services call.
     pub ops: Arc<Ops>,
     pub storage: Arc<StorageStats>,
+    /// What this replica's AppendEntries carried (the network's counts).
+    pub replication: crate::network::PeerLogs,
 }
 
 impl Node {
@@ -96,6 +99,7 @@ impl Node {
         .validate()
         .map_err(|e| Error::Config(format!("raft settings: {e}")))?;
         let outlogged = crate::elect::Outlogged::default();
+        let replication = crate::network::PeerLogs::default();
         let interceptor =
             PeerInterceptor::new(settings.token.as_deref(), settings.peer_token.as_deref())
                 .map_err(|e| Error::Config(e.to_string()))?;
@@ -111,6 +115,7 @@ impl Node {
             connect_timeout: Duration::from_secs(1),
             outlogged: outlogged.clone(),
             tls: settings.tls.clone(),
+            logs: replication.clone(),
         };
         let raft = Raft::new(settings.id, Arc::new(raft_cfg), network, log, sm)
             .await
@@ -170,6 +175,7 @@ impl Node {
             settings,
             ops,
             storage,
+            replication,
         }))
     }
 
@@ -330,6 +336,20 @@ impl Node {
         m.last_log_index.set(obs.last_log_index as i64);
         m.committed_index.set(self.storage.committed_index() as i64);
         m.fsyncs.set(self.storage.fsyncs() as i64);
+        let sent = self.replication.stats();
+        catch_up(
+            &m.raft_entries_sent,
+            sent.entries_sent.load(Ordering::Relaxed),
+        );
+        for (result, n) in [
+            ("matched", &sent.probes_matched),
+            ("refused", &sent.probes_refused),
+        ] {
+            catch_up(
+                &m.raft_append_probes.with_label_values(&[result]),
+                n.load(Ordering::Relaxed),
+            );
+        }
         m.appended_entries
             .set(self.storage.appended_entries() as i64);
         m.snapshots_built.set(self.storage.snapshot_builds() as i64);
@@ -354,4 +374,9 @@ impl Node {
         m.quarantined.set(s.quarantined as i64);
         m.leases.set(s.leases as i64);
     }
+}
+
+/// Raises a counter to a total kept elsewhere (totals only grow).
+fn catch_up(c: &prometheus::IntCounter, total: u64) {
+    c.inc_by(total.saturating_sub(c.get()));
 }

@@ -684,6 +684,57 @@ fn lagging_follower_catches_up_with_one_snapshot_while_the_leader_keeps_its_term
     );
 }
 
+/// Issue 17: a new leader whose followers already hold its log does not send it to them again.
+/// openraft 0.9 probes a follower from the middle of the unpurged log with the entries in the
+/// probe; the follower's vote answer names its last log id, so the leader asks about that entry
+/// with an empty AppendEntries instead, and its first entry commits after one round trip rather
+/// than after re-sending half a snapshot's worth of log.
+#[test]
+fn a_new_leader_does_not_resend_the_log_its_follower_holds() {
+    let mut c = Cluster::start_with(3, &["--snapshot-logs", "100000"]);
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let rt = runtime();
+    let client = c.client();
+    let (node, generation) = rt.block_on(mount(&client, "node-a", 1 << 30));
+    // 600 commits, one entry each, none purged.
+    rt.block_on(async {
+        heartbeat(&client, node, generation, vec![]).await;
+        for i in 0..600 {
+            put(&client, &format!("held-{i}"), 4096, 1).await.unwrap();
+        }
+    });
+    c.kill(leader);
+    let new_leader = c.wait_leader(Duration::from_secs(15));
+    assert_ne!(new_leader, leader);
+    rt.block_on(async {
+        let end = Instant::now() + Duration::from_secs(15);
+        loop {
+            heartbeat(&client, node, generation, vec![]).await;
+            if put(&client, "after-failover", 4096, 1).await.is_ok() {
+                break;
+            }
+            assert!(Instant::now() < end, "no put committed after the failover");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let sent = gauge(&c, new_leader, "regolith_metad_raft_entries_sent_total").unwrap_or(-1.0);
+    let matched = gauge(
+        &c,
+        new_leader,
+        r#"regolith_metad_raft_append_probes_total{result="matched"}"#,
+    )
+    .unwrap_or(0.0);
+    if sent > 100.0 || matched < 1.0 {
+        c.dump_logs();
+    }
+    assert!(matched >= 1.0, "no probe matched (sent {sent} entries)");
+    assert!(
+        (0.0..=100.0).contains(&sent),
+        "the new leader sent {sent} entries: its follower's log again"
+    );
+    assert_eq!(c.status(new_leader).unwrap()["keys"].as_u64(), Some(601));
+}
+
 /// The index of the newest snapshot file in a replica's data dir (0: none). Files are named
 /// `snap-<20-digit index>-...`.
 fn newest_snapshot_index(c: &Cluster, id: u64) -> u64 {
