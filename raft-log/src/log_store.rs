@@ -291,26 +291,22 @@ pub(crate) fn decode_meta<T: DeserializeOwned>(key: &str, bytes: &[u8], path: &P
     decode(bytes, format!("meta key `{key}`"), path)
 }
 
-/// Deletes the log's entries up to index `upto`, 4096 at a time, by key.
+/// Deletes the log's entries up to index `upto`, one key at a time. Not in batches: a sled
+/// batch holds sled's process-wide write lock for its whole length, and every append of the Raft
+/// core (a batch) waits behind it on the replica's runtime thread. Deleting a snapshot's worth
+/// of log at ten million objects (thousands of entries, their values in blob files) held it for
+/// over a second: the replica stalled, heartbeats included, and the followers called an
+/// election. A single remove takes that lock shared, so an append waits for one removal at most.
 fn delete_upto(log: &sled::Tree, upto: u64) -> sled::Result<()> {
-    let Some((first, _)) = log.first()? else {
+    let index_of = |k: &[u8]| <[u8; 8]>::try_from(k).ok().map(u64::from_be_bytes);
+    let (Some((first, _)), Some((last, _))) = (log.first()?, log.last()?) else {
         return Ok(());
     };
-    let mut next = match <[u8; 8]>::try_from(first.as_ref()) {
-        Ok(k) => u64::from_be_bytes(k),
-        Err(_) => return Ok(()),
+    let (Some(first), Some(last)) = (index_of(&first), index_of(&last)) else {
+        return Ok(());
     };
-    while next <= upto {
-        let end = upto.min(next.saturating_add(4095));
-        let mut batch = sled::Batch::default();
-        for i in next..=end {
-            batch.remove(&index_key(i));
-        }
-        log.apply_batch(batch)?;
-        if end == u64::MAX {
-            break;
-        }
-        next = end + 1;
+    for i in first..=upto.min(last) {
+        log.remove(index_key(i))?;
     }
     Ok(())
 }
