@@ -631,12 +631,7 @@ fn lagging_follower_catches_up_with_one_snapshot_while_the_leader_keeps_its_term
     let (node, generation) = rt.block_on(mount(&client, "node-a", 1 << 30));
     c.kill(follower);
     // 600 commits, one entry each: six snapshots' worth, purged behind them.
-    rt.block_on(async {
-        heartbeat(&client, node, generation, vec![]).await;
-        for i in 0..600 {
-            put(&client, &format!("lag-{i}"), 4096, 1).await.unwrap();
-        }
-    });
+    rt.block_on(put_series(&client, node, generation, "lag", 600));
     let target = c.status(leader).unwrap()["last_applied"].as_u64().unwrap();
     assert!(
         gauge(&c, leader, "regolith_metad_snapshots_built").unwrap_or(0.0) >= 3.0,
@@ -697,12 +692,7 @@ fn a_new_leader_does_not_resend_the_log_its_follower_holds() {
     let client = c.client();
     let (node, generation) = rt.block_on(mount(&client, "node-a", 1 << 30));
     // 600 commits, one entry each, none purged.
-    rt.block_on(async {
-        heartbeat(&client, node, generation, vec![]).await;
-        for i in 0..600 {
-            put(&client, &format!("held-{i}"), 4096, 1).await.unwrap();
-        }
-    });
+    rt.block_on(put_series(&client, node, generation, "held", 600));
     c.kill(leader);
     let new_leader = c.wait_leader(Duration::from_secs(15));
     assert_ne!(new_leader, leader);
@@ -761,12 +751,7 @@ fn sigterm_builds_a_last_snapshot_and_the_restart_loads_it() {
     let rt = runtime();
     let client = c.client();
     let (node, generation) = rt.block_on(mount(&client, "node-a", 1 << 30));
-    rt.block_on(async {
-        heartbeat(&client, node, generation, vec![]).await;
-        for i in 0..1500 {
-            put(&client, &format!("stop-{i}"), 4096, 1).await.unwrap();
-        }
-    });
+    rt.block_on(put_series(&client, node, generation, "stop", 1500));
     let applied = c.status(leader).unwrap()["last_applied"].as_u64().unwrap();
     assert!(newest_snapshot_index(&c, leader) < applied - 1024);
     let status = c.sigterm(leader);

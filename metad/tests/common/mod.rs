@@ -318,6 +318,15 @@ pub async fn heartbeat(
     .0
 }
 
+/// Heartbeats the segment (a leader places nothing on a segment it has not heard from), then
+/// puts `n` objects of 4 KiB named `{prefix}-{i}`, one at a time: one Raft entry each.
+pub async fn put_series(c: &MetadClient, node: u64, generation: u64, prefix: &str, n: usize) {
+    heartbeat(c, node, generation, vec![]).await;
+    for i in 0..n {
+        put(c, &format!("{prefix}-{i}"), 4096, 1).await.unwrap();
+    }
+}
+
 /// Reserve + commit of one object (the bytes themselves are the sidecar's business).
 pub async fn put(
     c: &MetadClient,
