@@ -3,6 +3,10 @@ use regolith_metad::command::Command;
 use regolith_metad::state::StateMachine;
 use regolith_metad::types::{Extent, Pin, Replica, Version};
 
+// The daemon's allocator, so the figure is the daemon's.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn rss_kib() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
     s.lines()

@@ -16,5 +16,6 @@ pub static MALLOC_CONF: MallocConf =
     MallocConf(c"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:1000".as_ptr());
 
 fn main() -> std::process::ExitCode {
+    regolith_metad::metrics::heap_is_jemalloc();
     regolith_metad::run::main_with_args(std::env::args().collect())
 }

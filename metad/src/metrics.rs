@@ -47,6 +47,29 @@ pub struct Metrics {
     pub tls_handshake_failures: IntCounter,
     pub tls_reloads: IntGauge,
     pub tls_reload_failures: IntGauge,
+    pub heap_allocated: IntGauge,
+    pub heap_resident: IntGauge,
+}
+
+/// Set by the `regolith-metad` binary, whose global allocator is jemalloc: only then do
+/// jemalloc's statistics describe the process's heap (a test harness links jemalloc without
+/// allocating from it).
+static HEAP_IS_JEMALLOC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Declares that the process allocates from jemalloc (called by `main` before anything else).
+pub fn heap_is_jemalloc() {
+    HEAP_IS_JEMALLOC.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// jemalloc's bytes allocated and bytes resident, when the process allocates from it.
+pub fn heap_stats() -> Option<(u64, u64)> {
+    use tikv_jemalloc_ctl::{epoch, stats};
+    if !HEAP_IS_JEMALLOC.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    // The statistics are a snapshot refreshed by advancing the epoch.
+    epoch::advance().ok()?;
+    Some((stats::allocated::read().ok()? as u64, stats::resident::read().ok()? as u64))
 }
 
 // Metric names and options are constants of this file: a failure to build or register one is
@@ -227,6 +250,16 @@ impl Metrics {
                 &r,
                 "tls_reload_failures",
                 "Certificate rotations that did not load (the previous certificates stayed)",
+            ),
+            heap_allocated: gauge(
+                &r,
+                "heap_allocated_bytes",
+                "Heap bytes in use by the process (jemalloc's count; 0 without jemalloc)",
+            ),
+            heap_resident: gauge(
+                &r,
+                "heap_resident_bytes",
+                "Heap bytes resident, free-but-kept pages included (jemalloc's count)",
             ),
             registry: r,
         };

@@ -373,6 +373,10 @@ impl Node {
         m.reservations.set(s.reservations as i64);
         m.quarantined.set(s.quarantined as i64);
         m.leases.set(s.leases as i64);
+        if let Some((allocated, resident)) = crate::metrics::heap_stats() {
+            m.heap_allocated.set(allocated as i64);
+            m.heap_resident.set(resident as i64);
+        }
     }
 }
 

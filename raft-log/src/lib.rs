@@ -46,7 +46,7 @@ pub use crate::config::{SledMode, StorageConfig};
 pub use crate::core::{SnapshotView, StateMachineCore};
 pub use crate::error::{Error, Result};
 pub use crate::flusher::FlusherPause;
-pub use crate::log_store::{SledLogStore, LOG_LAYOUT_VERSION};
+pub use crate::log_store::{SledLogStore, CHUNK_BYTES, LOG_LAYOUT_VERSION};
 pub use crate::offline::{force_single_member, seed_snapshot};
 pub use crate::snapshot::SNAPSHOT_FORMAT_VERSION;
 pub use crate::state_machine::{AppliedHandle, SledSnapshotBuilder, SledStateMachine};

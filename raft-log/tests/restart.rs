@@ -560,3 +560,154 @@ async fn has_state_sees_votes_logs_and_snapshots() {
     // has_state must not leave the database locked.
     drop(open(&voted));
 }
+
+/// Entries larger than a log record are stored in chunks (layout 2): they read back whole,
+/// one by one and in ranges, byte-limited reads count whole entries, truncation and purges take
+/// their chunks with them, and all of it survives a restart. The last entry being chunked is the
+/// case `last()` of the tree lands on a chunk.
+#[tokio::test]
+async fn entries_larger_than_a_record_survive_chunking() {
+    let dir = tempfile::tempdir().unwrap();
+    let chunk = regolith_raft_log::CHUNK_BYTES;
+    // Sizes around the chunk boundaries, and one of many chunks.
+    let sizes = [10, chunk - 40, chunk, chunk + 1, 3 * chunk + 5, 80 * chunk];
+    let value = |i: u64| {
+        let n = sizes[(i as usize) % sizes.len()];
+        (0..n)
+            .map(|j| (b'a' + ((j + i as usize) % 26) as u8) as char)
+            .collect::<String>()
+    };
+    let entry = |i: u64| set(1, i, &format!("k{i}"), &value(i));
+    {
+        let (mut store, _sm, _kv) = open(dir.path());
+        store.blocking_append((1..=30).map(entry)).await.unwrap();
+        let all = store.try_get_log_entries(1..=30).await.unwrap();
+        assert_eq!(all, (1..=30).map(entry).collect::<Vec<_>>());
+        assert_eq!(
+            store.try_get_log_entries(5..6).await.unwrap(),
+            vec![entry(5)]
+        );
+        assert_eq!(
+            store.get_log_state().await.unwrap().last_log_id,
+            Some(log_id(1, 30)),
+            "the last entry (80 chunks) is found from its last chunk"
+        );
+        // The default read limit (2 MiB) stops before the entry that would pass it.
+        let limited = store.limited_get_log_entries(1, 31).await.unwrap();
+        assert!(
+            !limited.is_empty() && limited.len() < 30,
+            "{}",
+            limited.len()
+        );
+        assert_eq!(
+            limited,
+            (1..=limited.len() as u64).map(entry).collect::<Vec<_>>()
+        );
+
+        store.truncate(log_id(1, 25)).await.unwrap();
+        store.purge(log_id(1, 12)).await.unwrap();
+        store.flush().await.unwrap();
+    }
+    let (mut store, _sm, _kv) = open(dir.path());
+    assert_eq!(
+        store.get_log_state().await.unwrap(),
+        LogState {
+            last_purged_log_id: Some(log_id(1, 12)),
+            last_log_id: Some(log_id(1, 24)),
+        }
+    );
+    assert_eq!(
+        store.try_get_log_entries(0..).await.unwrap(),
+        (13..=24).map(entry).collect::<Vec<_>>()
+    );
+    // Appending after a truncation in the middle of chunked entries leaves no stale chunk.
+    let replaced = |i: u64| set(2, i, "new", "v");
+    store
+        .blocking_append((25..=26).map(replaced))
+        .await
+        .unwrap();
+    let tail = store.try_get_log_entries(24..).await.unwrap();
+    assert_eq!(tail, vec![entry(24), replaced(25), replaced(26)]);
+    drop(store);
+    let db = raw_db(dir.path());
+    // Purged entries and their chunks are gone from disk, and every record is at most a chunk.
+    let log = db.open_tree("log").unwrap();
+    let first = log.first().unwrap().unwrap().0;
+    assert_eq!(
+        &first[..],
+        &13u64.to_be_bytes(),
+        "purged records left on disk"
+    );
+    assert!(log.iter().all(|r| r.unwrap().1.len() <= chunk));
+    assert!(
+        log.iter().any(|r| r.unwrap().0.len() == 12),
+        "no entry was chunked"
+    );
+}
+
+/// Opens the raw sled database of a closed store (sled's I/O threads let go of the file lock a
+/// moment after the store is dropped).
+fn raw_db(dir: &Path) -> sled::Db {
+    let mut tries = 0;
+    loop {
+        match sled::open(dir.join("raft.sled")) {
+            Ok(db) => return db,
+            Err(_) if tries < 500 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// A log written in layout 1 (whole entries) is read as it is and restamped as layout 2, so
+/// that an older binary refuses it once it may hold chunks; a layout from the future is refused.
+#[tokio::test]
+async fn a_layout_1_log_is_read_and_restamped_and_a_newer_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut store, _sm, _kv) = open(dir.path());
+        store
+            .blocking_append((1..=3).map(|i| set(1, i, "k", "v")))
+            .await
+            .unwrap();
+    }
+    let stamp = |db: &sled::Db, v: u32| {
+        db.open_tree("meta")
+            .unwrap()
+            .insert("layout", &v.to_le_bytes())
+            .unwrap();
+        db.flush().unwrap();
+    };
+    let read_stamp = |db: &sled::Db| {
+        let b = db
+            .open_tree("meta")
+            .unwrap()
+            .get("layout")
+            .unwrap()
+            .unwrap();
+        u32::from_le_bytes(<[u8; 4]>::try_from(b.as_ref()).unwrap())
+    };
+    {
+        let db = raw_db(dir.path());
+        stamp(&db, 1);
+    }
+    {
+        let (mut store, _sm, _kv) = open(dir.path());
+        assert_eq!(store.try_get_log_entries(1..).await.unwrap().len(), 3);
+    }
+    {
+        let db = raw_db(dir.path());
+        assert_eq!(read_stamp(&db), regolith_raft_log::LOG_LAYOUT_VERSION);
+        stamp(&db, regolith_raft_log::LOG_LAYOUT_VERSION + 1);
+    }
+    let cfg = regolith_raft_log::StorageConfig::default();
+    // (The store waits for sled's file lock itself.)
+    let refused = regolith_raft_log::SledLogStore::<TypeConfig>::open(dir.path(), &cfg);
+    assert!(
+        matches!(refused, Err(Error::UnsupportedLogLayout { found, .. }) if found == regolith_raft_log::LOG_LAYOUT_VERSION + 1),
+        "{:?}",
+        refused.err()
+    );
+}

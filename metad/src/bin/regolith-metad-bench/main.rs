@@ -580,11 +580,15 @@ fn main() {
         for r in &replicas {
             if let Some(c) = &r.child {
                 let (now, peak) = rss_kib(c.id());
+                let m = scrape(&r.http);
+                let mib = |k: &str| m.get(k).copied().unwrap_or(0.0) / (1 << 20) as f64;
                 eprintln!(
-                    "  replica {}: RSS {} MiB, peak {} MiB",
+                    "  replica {}: RSS {} MiB, peak {} MiB; heap {:.0} MiB allocated, {:.0} MiB resident",
                     r.id,
                     now / 1024,
-                    peak / 1024
+                    peak / 1024,
+                    mib("regolith_metad_heap_allocated_bytes"),
+                    mib("regolith_metad_heap_resident_bytes"),
                 );
                 rss.push((now, peak));
             }
