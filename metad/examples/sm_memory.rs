@@ -7,6 +7,15 @@ use regolith_metad::types::{Extent, Pin, Replica, Version};
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// The daemon's jemalloc options (metad/src/main.rs): freed pages go back after a second.
+#[repr(transparent)]
+pub struct MallocConf(*const std::ffi::c_char);
+// SAFETY: a pointer to an immutable, NUL-terminated static string.
+unsafe impl Sync for MallocConf {}
+#[export_name = "_rjem_malloc_conf"]
+pub static MALLOC_CONF: MallocConf =
+    MallocConf(c"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:1000".as_ptr());
+
 fn rss_kib() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
     s.lines()
@@ -57,7 +66,17 @@ fn main() {
         fx.clear();
         sm.apply(&cmd, &mut fx);
     }
+    // As the daemon's steady state: freed pages returned.
+    std::thread::sleep(std::time::Duration::from_secs(3));
     let after = rss_kib();
+    let (entries, index, keys) = sm.objects_footprint();
+    println!(
+        "table: arrays {:.1} MB, hash tables {:.1} MB, keys {:.1} MB ({} bytes per object record)",
+        entries as f64 / 1e6,
+        index as f64 / 1e6,
+        keys as f64 / 1e6,
+        std::mem::size_of::<regolith_metad::types::Object>(),
+    );
     println!(
         "{n} objects: {:.1} MB ({:.0} bytes/object)",
         (after - before) as f64 / 1024.0,

@@ -69,7 +69,10 @@ pub fn heap_stats() -> Option<(u64, u64)> {
     }
     // The statistics are a snapshot refreshed by advancing the epoch.
     epoch::advance().ok()?;
-    Some((stats::allocated::read().ok()? as u64, stats::resident::read().ok()? as u64))
+    Some((
+        stats::allocated::read().ok()? as u64,
+        stats::resident::read().ok()? as u64,
+    ))
 }
 
 // Metric names and options are constants of this file: a failure to build or register one is

@@ -16,17 +16,18 @@
 //! under a write load every shard is touched within the first entries applied, so the applies
 //! copied, or serialised, the whole state at once, stalling for seconds at ten million objects.)
 
+mod shard;
+
 use std::sync::Arc;
 
-use indexmap::IndexMap;
 use parking_lot::Mutex;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::types::Object;
 
-pub const SHARDS: usize = 4096;
+pub use shard::Shard;
 
-pub type Shard = IndexMap<Box<str>, Object>;
+pub const SHARDS: usize = 4096;
 
 #[derive(Debug)]
 pub struct Objects {
@@ -39,7 +40,7 @@ pub struct Objects {
 impl Default for Objects {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| IndexMap::new()).collect(),
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             len: 0,
             writing: Vec::new(),
         }
@@ -115,12 +116,12 @@ fn undone(mut shard: Shard, undo: Vec<Undo>) -> Shard {
                 shard.pop();
             }
             Undo::Removed { pos, key, obj } => {
-                shard.insert(key, obj);
+                shard.push(full_hash(&key), key, obj);
                 let last = shard.len() - 1;
                 shard.swap_indices(pos.min(last), last);
             }
             Undo::Updated { key, obj } => {
-                if let Some(o) = shard.get_mut(&*key) {
+                if let Some(o) = shard.get_mut(full_hash(&key), &key) {
                     *o = obj;
                 }
             }
@@ -132,7 +133,7 @@ fn undone(mut shard: Shard, undo: Vec<Undo>) -> Shard {
 /// One shard's objects as snapshot records, in order.
 pub fn write_shard(shard: &Shard, w: &mut dyn std::io::Write) -> std::io::Result<()> {
     for (k, o) in shard.iter() {
-        bincode::serialize_into(&mut *w, &(&**k, o))
+        bincode::serialize_into(&mut *w, &(k, o))
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     }
     Ok(())
@@ -145,8 +146,19 @@ pub struct Cursor {
     pub index: usize,
 }
 
+fn full_hash(key: &str) -> u64 {
+    xxh3_64(key.as_bytes())
+}
+
+/// The shard of a key (by the low bits of its xxh3), and that hash, which the shard reuses.
+fn locate(key: &str) -> (usize, u64) {
+    let h = full_hash(key);
+    ((h % SHARDS as u64) as usize, h)
+}
+
+#[cfg(test)]
 fn shard_of(key: &str) -> usize {
-    (xxh3_64(key.as_bytes()) % SHARDS as u64) as usize
+    locate(key).0
 }
 
 impl Objects {
@@ -159,34 +171,35 @@ impl Objects {
     }
 
     pub fn get(&self, key: &str) -> Option<&Object> {
-        self.shards[shard_of(key)].get(key)
+        let (i, h) = locate(key);
+        self.shards[i].get(h, key)
     }
 
     pub fn get_key_value(&self, key: &str) -> Option<(&str, &Object)> {
-        self.shards[shard_of(key)]
-            .get_key_value(key)
-            .map(|(k, v)| (&**k, v))
+        let (i, h) = locate(key);
+        self.shards[i].get_full(h, key).map(|(_, k, v)| (k, v))
     }
 
     /// The object under `key`, to change its replicated state (the change is recorded for the
     /// snapshots being written; for the leader's access time use [`Objects::touch`]).
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Object> {
-        let i = shard_of(key);
-        let (_, k, o) = self.shards[i].get_full(key)?;
+        let (i, h) = locate(key);
+        let (_, k, o) = self.shards[i].get_full(h, key)?;
         if self.recording(i) {
             let undo = Undo::Updated {
-                key: k.clone(),
+                key: k.into(),
                 obj: o.clone(),
             };
             self.record(i, undo);
         }
-        self.shards[i].get_mut(key)
+        self.shards[i].get_mut(h, key)
     }
 
     /// Sets the leader-memory access time of `key` (not replicated, not in snapshots: nothing
     /// to record) and answers the object.
     pub fn touch(&mut self, key: &str, access_s: u32) -> Option<&Object> {
-        let o = self.shards[shard_of(key)].get_mut(key)?;
+        let (i, h) = locate(key);
+        let o = self.shards[i].get_mut(h, key)?;
         o.access_s = access_s;
         Some(o)
     }
@@ -257,26 +270,27 @@ impl Objects {
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
-        self.shards[shard_of(key)].contains_key(key)
+        let (i, h) = locate(key);
+        self.shards[i].contains_key(h, key)
     }
 
     /// Inserts a new object; returns false (and changes nothing) when the key exists.
     pub fn insert_new(&mut self, key: &str, obj: Object) -> bool {
-        let i = shard_of(key);
-        if self.shards[i].contains_key(key) {
+        let (i, h) = locate(key);
+        if self.shards[i].contains_key(h, key) {
             return false;
         }
         if self.recording(i) {
             self.record(i, Undo::Inserted);
         }
-        self.shards[i].insert(key.into(), obj);
+        self.shards[i].push(h, key.into(), obj);
         self.len += 1;
         true
     }
 
     pub fn remove(&mut self, key: &str) -> Option<Object> {
-        let i = shard_of(key);
-        let (pos, k, o) = self.shards[i].swap_remove_full(key)?;
+        let (i, h) = locate(key);
+        let (pos, k, o) = self.shards[i].swap_remove_full(h, key)?;
         if self.recording(i) {
             let undo = Undo::Removed {
                 pos,
@@ -290,21 +304,27 @@ impl Objects {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Object)> {
-        self.shards
-            .iter()
-            .flat_map(|s| s.iter().map(|(k, v)| (&**k, v)))
+        self.shards.iter().flat_map(|s| s.iter())
     }
 
     /// The objects of one shard (`0..SHARDS`; a key never moves between shards).
     pub fn shard(&self, shard: usize) -> impl Iterator<Item = (&str, &Object)> {
-        self.shards
-            .get(shard)
-            .into_iter()
-            .flat_map(|s| s.iter().map(|(k, v)| (&**k, v)))
+        self.shards.get(shard).into_iter().flat_map(|s| s.iter())
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.shards.iter().flat_map(|s| s.keys().map(|k| &**k))
+        self.shards.iter().flat_map(|s| s.keys())
+    }
+
+    /// Bytes of the table's arrays, of its hash tables, and of its keys (a walk of every key).
+    pub fn footprint(&self) -> (usize, usize, usize) {
+        let (mut entries, mut index) = (0, 0);
+        for s in &self.shards {
+            let (e, i) = s.table_bytes();
+            entries += e;
+            index += i;
+        }
+        (entries, index, self.keys().map(str::len).sum())
     }
 
     /// Up to `n` objects from `from` on, wrapping around; returns them and where to go on.
@@ -319,7 +339,7 @@ impl Objects {
             let shard = &self.shards[c.shard];
             match shard.get_index(c.index) {
                 Some((k, v)) => {
-                    out.push((&**k, v));
+                    out.push((k, v));
                     c.index += 1;
                     empty_shards = 0;
                 }

@@ -826,6 +826,11 @@ impl StateMachine {
         (start, self.objects.begin_snapshot())
     }
 
+    /// Bytes of the object table's arrays, hash tables and keys (walks every key).
+    pub fn objects_footprint(&self) -> (usize, usize, usize) {
+        self.objects.footprint()
+    }
+
     /// The objects, for a snapshot writer's [`SnapshotObjects::take_shard`].
     pub fn objects_table(&self) -> &crate::objects::Objects {
         &self.objects
