@@ -33,6 +33,10 @@ pub struct StorageConfig {
     pub max_read_bytes: u64,
     /// sled's space/speed trade-off.
     pub sled_mode: SledMode,
+    /// Encoded bytes of the newest log entries kept in memory, so that replication and apply
+    /// read what was just appended without going to sled (0: none). 64 MiB is seconds of log
+    /// at the highest write rates metad sees.
+    pub log_cache_bytes: u64,
 }
 
 impl Default for StorageConfig {
@@ -41,6 +45,7 @@ impl Default for StorageConfig {
             sled_cache_bytes: 64 << 20,
             max_read_bytes: 2 << 20,
             sled_mode: SledMode::default(),
+            log_cache_bytes: 64 << 20,
         }
     }
 }

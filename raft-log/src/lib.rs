@@ -41,6 +41,7 @@ mod offline;
 mod snapshot;
 mod state_machine;
 mod stats;
+mod tail;
 
 pub use crate::config::{SledMode, StorageConfig};
 pub use crate::core::{SnapshotView, StateMachineCore};

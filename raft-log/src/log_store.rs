@@ -61,6 +61,7 @@ use crate::config::StorageConfig;
 use crate::error::{Error, Result};
 use crate::flusher::{Flusher, FlusherPause};
 use crate::stats::StorageStats;
+use crate::tail::{Encoded, TailCache};
 
 /// Name of the sled database directory inside the data directory.
 pub(crate) const SLED_DIR: &str = "raft.sled";
@@ -101,6 +102,8 @@ struct Shared {
     purging: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
     log: sled::Tree,
     meta: sled::Tree,
+    /// The newest entries, encoded (see [`crate::tail`]).
+    tail: parking_lot::Mutex<TailCache>,
     path: PathBuf,
     max_read_bytes: u64,
     stats: Arc<StorageStats>,
@@ -158,6 +161,7 @@ impl<C> SledLogStore<C> {
                 purging: parking_lot::Mutex::new(None),
                 log,
                 meta,
+                tail: parking_lot::Mutex::new(TailCache::new(cfg.log_cache_bytes)),
                 path,
                 max_read_bytes: cfg.max_read_bytes,
                 stats,
@@ -499,27 +503,41 @@ where
         let s = &self.shared;
         let mut entries = Vec::new();
         let mut bytes = 0u64;
-        let mut assembler = Assembler::new(&s.path);
-        // An entry is complete when the next one starts (or the range ends); the byte limit is
-        // checked on whole entries.
-        let mut take = |(index, value): (u64, Vec<u8>)| -> Result<bool> {
+        // The byte limit is checked on whole entries.
+        let mut take = |index: u64, value: &[u8]| -> Result<bool> {
             bytes += value.len() as u64;
             if !entries.is_empty() && bytes > max_bytes {
                 return Ok(false);
             }
-            entries.push(self.decode_entry(&index_key(index), &value)?);
+            entries.push(self.decode_entry(&index_key(index), value)?);
             Ok(true)
         };
+        let end = match range.1 {
+            Bound::Included(e) => e.checked_add(1),
+            Bound::Excluded(e) => Some(e),
+            Bound::Unbounded => None,
+        };
+        let cached = s.tail.lock().from(start, end);
+        if let Some(cached) = cached {
+            for (index, value) in cached {
+                if !take(index, &value)? {
+                    break;
+                }
+            }
+            return Ok(entries);
+        }
+        let mut assembler = Assembler::new(&s.path);
+        // An entry is complete when the next one starts (or the range ends).
         for item in s.log.range(bounds) {
             let (key, value) = item.map_err(|e| Error::sled("read the log", &s.path, e))?;
-            if let Some(done) = assembler.push(&key, &value)? {
-                if !take(done)? {
+            if let Some((index, value)) = assembler.push(&key, &value)? {
+                if !take(index, &value)? {
                     return Ok(entries);
                 }
             }
         }
-        if let Some(done) = assembler.finish() {
-            take(done)?;
+        if let Some((index, value)) = assembler.finish() {
+            take(index, &value)?;
         }
         Ok(entries)
     }
@@ -531,8 +549,13 @@ where
             .log
             .last()
             .map_err(|e| Error::sled("read the last log entry", &s.path, e))?;
-        let last_entry_id = match last {
-            Some((key, _)) => {
+        // The cache is a suffix of the log: its last entry is the log's.
+        let cached = s.tail.lock().last();
+        let last_entry_id = match (last, cached) {
+            (Some(_), Some((index, value))) => {
+                Some(self.decode_entry(&index_key(index), &value)?.log_id)
+            }
+            (Some((key, _)), None) => {
                 // The last record may be a chunk: the entry is read from its first record.
                 let index = key_index(key.get(..8).unwrap_or(&key), &s.path)?;
                 let mut records = s.log.range(index_key(index)..);
@@ -547,7 +570,7 @@ where
                     None => None,
                 }
             }
-            None => None,
+            (None, _) => None,
         };
         // Entries at or below `last_purged` may survive a crash in the middle of a purge; the
         // purged id is then the larger of the two.
@@ -562,6 +585,7 @@ where
     fn write_entries(&self, entries: impl IntoIterator<Item = Entry<C>>) -> Result<(u64, u64)> {
         let mut batch = sled::Batch::default();
         let (mut count, mut bytes) = (0u64, 0u64);
+        let mut encoded: Vec<(u64, Encoded)> = Vec::new();
         for entry in entries {
             let value = encode(&entry, "log entry")?;
             bytes += value.len() as u64;
@@ -569,11 +593,18 @@ where
             for (key, record) in entry_records(entry.log_id.index, &value) {
                 batch.insert(key, record);
             }
+            encoded.push((entry.log_id.index, Arc::new(value)));
         }
         let s = &self.shared;
+        // The cache follows sled under its lock, so that a reader never finds in it an entry
+        // sled does not hold yet, nor misses one that a truncation left.
+        let mut tail = s.tail.lock();
         s.log
             .apply_batch(batch)
             .map_err(|e| Error::sled("append to the log", &s.path, e))?;
+        for (index, value) in encoded {
+            tail.push(index, value);
+        }
         Ok((count, bytes))
     }
 
@@ -583,6 +614,21 @@ where
             return Ok(());
         };
         let s = &self.shared;
+        let mut tail = s.tail.lock();
+        match range.start_bound() {
+            // A truncation: the suffix goes.
+            Bound::Included(&i) if range.end_bound() == Bound::Unbounded => tail.truncate(i),
+            Bound::Excluded(&i) if range.end_bound() == Bound::Unbounded => {
+                tail.truncate(i.saturating_add(1))
+            }
+            // A purge (`purge_upto` without a purge thread): the prefix goes.
+            Bound::Unbounded => match range.end_bound() {
+                Bound::Included(&e) => tail.purge(e),
+                Bound::Excluded(&e) => tail.purge(e.saturating_sub(1)),
+                Bound::Unbounded => tail.clear(),
+            },
+            _ => tail.clear(),
+        }
         let mut batch = sled::Batch::default();
         for key in s.log.range(bounds).keys() {
             let key = key.map_err(|e| Error::sled("read the log", &s.path, e))?;
@@ -609,6 +655,7 @@ where
             return Ok(false);
         }
         self.write_meta(KEY_LAST_PURGED, &log_id)?;
+        self.shared.tail.lock().purge(log_id.index);
         self.shared.first_kept.fetch_max(
             log_id.index.saturating_add(1),
             std::sync::atomic::Ordering::AcqRel,
