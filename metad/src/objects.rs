@@ -362,15 +362,14 @@ mod tests {
     use crate::types::{Pin, Replicas, Version};
 
     fn obj(id: u64) -> Object {
-        Object {
-            size: id,
-            checksum: id * 7,
-            version: Version { term: 1, id },
-            replicas: Replicas::default(),
-            pin: Pin::None,
-            expires_ms: 0,
-            access_s: 0,
-        }
+        Object::new(
+            id,
+            id * 7,
+            Version { term: 1, id },
+            Replicas::default(),
+            Pin::None,
+            0,
+        )
     }
 
     fn table(n: u64) -> Objects {
@@ -399,11 +398,10 @@ mod tests {
                 None => snap.take_shard(live, i).unwrap(),
             };
             // The leader's access times are not snapshot state (not written, not recorded).
-            out.extend(
-                shard
-                    .into_iter()
-                    .map(|(k, o)| (k.to_string(), Object { access_s: 0, ..o })),
-            );
+            out.extend(shard.into_iter().map(|(k, mut o)| {
+                o.access_s = 0;
+                (k.to_string(), o)
+            }));
         }
         out
     }

@@ -535,15 +535,7 @@ impl StateMachine {
             seg.used += r.bytes();
             seg.objects += 1;
         }
-        let obj = Object {
-            size,
-            checksum,
-            version,
-            replicas: compact,
-            pin,
-            expires_ms,
-            access_s: 0,
-        };
+        let obj = Object::new(size, checksum, version, compact, pin, expires_ms);
         self.index_object(key, &obj);
         self.objects.insert_new(key, obj);
         self.counters.committed_objects += 1;
@@ -632,7 +624,7 @@ impl StateMachine {
         if obj.expires_ms != 0 {
             self.ttl_index.insert((obj.expires_ms, key.into()));
         }
-        match obj.pin {
+        match obj.pin() {
             Pin::Soft { until_ms } => {
                 self.soft_pin_index.insert((until_ms, key.into()));
             }
@@ -646,7 +638,7 @@ impl StateMachine {
         if obj.expires_ms != 0 {
             self.ttl_index.remove(&(obj.expires_ms, key.into()));
         }
-        match obj.pin {
+        match obj.pin() {
             Pin::Soft { until_ms } => {
                 self.soft_pin_index.remove(&(until_ms, key.into()));
             }
@@ -751,7 +743,7 @@ impl StateMachine {
         for (t, k) in &lapsed {
             self.soft_pin_index.remove(&(*t, k.clone()));
             if let Some(o) = self.objects.get_mut(k) {
-                o.pin = Pin::None;
+                o.set_pin(Pin::None);
             }
         }
         Outcome::Expired {
@@ -769,7 +761,7 @@ impl StateMachine {
         self.hard_pinned_bytes = 0;
         for (_, obj) in self.objects.iter() {
             self.bytes_used += replicas_bytes(obj);
-            if obj.pin == Pin::Hard {
+            if obj.pin() == Pin::Hard {
                 self.hard_pinned_bytes += obj.footprint();
             }
             for seg in obj.replicas.segments() {

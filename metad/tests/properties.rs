@@ -536,7 +536,7 @@ proptest! {
                 prop_assert!(sm.contains(k));
             }
             // Unpinned objects go before soft-pinned ones.
-            let soft = |k: &String| matches!(sm.object(k).map(|o| o.pin), Some(Pin::Soft { .. }));
+            let soft = |k: &String| matches!(sm.object(k).map(|o| o.pin()), Some(Pin::Soft { .. }));
             if let Some(first_soft) = keys.iter().position(soft) {
                 prop_assert!(keys[first_soft..].iter().all(soft));
             }

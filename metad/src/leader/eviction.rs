@@ -45,11 +45,11 @@ pub fn plan(
     let (seen, next) = sm.scan_objects(cursor, scan);
     let mut cands: Vec<(bool, u32, &str, u64)> = Vec::with_capacity(scan);
     for (k, o) in seen {
-        if o.pin == Pin::Hard || pending.contains(k) || skip(k, o) {
+        if o.pin() == Pin::Hard || pending.contains(k) || skip(k, o) {
             continue;
         }
         cands.push((
-            matches!(o.pin, Pin::Soft { .. }),
+            matches!(o.pin(), Pin::Soft { .. }),
             o.access_s.max(access_floor),
             k,
             o.footprint(),

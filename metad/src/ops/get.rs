@@ -70,7 +70,7 @@ impl Ops {
                 key: k.to_string(),
                 size: o.size,
                 replicas: o.replicas.count() as u32,
-                pin: o.pin,
+                pin: o.pin(),
             })
             .collect();
         let next_start_after = if more {
