@@ -170,6 +170,9 @@ pub struct Args {
     /// sled's page cache (its default of 1 GiB is far more than metad needs).
     #[arg(long, env = "REGOLITH_SLED_CACHE")]
     pub sled_cache: Option<String>,
+    /// The newest log entries kept in memory for replication and apply, e.g. 64MiB (0: none).
+    #[arg(long, env = "REGOLITH_LOG_CACHE")]
+    pub log_cache: Option<String>,
 
     /// Runtime worker threads (default: one per core). Replicas sharing a small machine (as
     /// `regolith up` runs them) do better with 1.
@@ -232,6 +235,7 @@ pub struct FileConfig {
     pub max_entry_bytes: Option<String>,
     pub raft_max_message_bytes: Option<String>,
     pub sled_cache: Option<String>,
+    pub log_cache: Option<String>,
     pub worker_threads: Option<usize>,
     pub log_format: Option<String>,
 }
@@ -275,6 +279,7 @@ pub struct Settings {
     pub max_entry_bytes: usize,
     pub raft_max_message_bytes: usize,
     pub sled_cache_bytes: u64,
+    pub log_cache_bytes: u64,
     pub worker_threads: Option<usize>,
     pub verbose: u8,
     pub json_logs: bool,
@@ -684,6 +689,7 @@ impl Args {
             max_entry_bytes,
             raft_max_message_bytes,
             sled_cache_bytes: size("sled-cache", self.sled_cache.or(file.sled_cache), 32 << 20)?,
+            log_cache_bytes: size("log-cache", self.log_cache.or(file.log_cache), 64 << 20)?,
             worker_threads: regolith_proto::daemon::worker_threads(
                 self.worker_threads
                     .or(file.worker_threads)

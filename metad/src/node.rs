@@ -68,6 +68,7 @@ impl Node {
         let (applied_tx, applied) = tokio::sync::watch::channel(0u64);
         let storage_cfg = StorageConfig {
             sled_cache_bytes: settings.sled_cache_bytes,
+            log_cache_bytes: settings.log_cache_bytes,
             max_read_bytes: settings.raft_max_message_bytes as u64 / 2,
             ..Default::default()
         };

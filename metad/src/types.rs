@@ -1,7 +1,7 @@
 //! Plain data types of the replicated state.
 
 use serde::{Deserialize, Serialize};
-use smallvec::SmallVec;
+use std::num::NonZeroU32;
 
 /// A sidecar node's persistent id (assigned by `MountSegment` apply, kept in its state file).
 pub type NodeId = u64;
@@ -86,9 +86,10 @@ pub enum Pin {
 
 /// One extent of a replica, in the compact form the state machine stores (node ids and
 /// generations fit in 32 bits: the state machine assigns both and refuses to go past that).
+/// Node ids start at 1, which gives [`Replicas`] a spare value to tell its forms apart in.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Piece {
-    pub node: u32,
+    pub node: NonZeroU32,
     pub generation: u32,
     pub offset: u64,
     pub len: u64,
@@ -97,7 +98,7 @@ pub struct Piece {
 impl Piece {
     pub fn segment(&self) -> SegmentId {
         SegmentId {
-            node: self.node as u64,
+            node: self.node.get() as u64,
             generation: self.generation as u64,
         }
     }
@@ -106,18 +107,54 @@ impl Piece {
     }
 }
 
-/// The replicas of a committed object: pieces grouped by segment, in replica order. One
-/// single-extent replica (the common case) is stored inline, without a heap allocation; this
-/// is what keeps a million objects within metad's memory budget.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct Replicas(SmallVec<[Piece; 1]>);
+/// The replicas of a committed object: pieces grouped by segment, in replica order. One piece
+/// (one single-extent replica, the common case) is stored inline, without a heap allocation,
+/// in 24 bytes (the piece's own; its node id of 0, which no node has, marks the other form):
+/// this is what keeps ten million objects within metad's memory budget. Serialised as a
+/// sequence of pieces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replicas(Repr);
+
+/// Always `One` for exactly one piece, so that equal replicas are equal values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Repr {
+    One(Piece),
+    Many(Box<[Piece]>),
+}
+
+impl Default for Replicas {
+    fn default() -> Self {
+        Self(Repr::Many(Box::new([])))
+    }
+}
+
+impl Serialize for Replicas {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.pieces())
+    }
+}
+
+impl<'de> Deserialize<'de> for Replicas {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::<Piece>::deserialize(d).map(Self::from_pieces)
+    }
+}
 
 impl Replicas {
+    fn from_pieces(mut v: Vec<Piece>) -> Self {
+        if v.len() == 1 {
+            if let Some(p) = v.pop() {
+                return Self(Repr::One(p));
+            }
+        }
+        Self(Repr::Many(v.into_boxed_slice()))
+    }
+
     /// None when a node id or generation does not fit the compact form.
     pub fn from_replicas(replicas: &[Replica]) -> Option<Self> {
-        let mut v = SmallVec::new();
+        let mut v = Vec::new();
         for r in replicas {
-            let node = u32::try_from(r.segment.node).ok()?;
+            let node = NonZeroU32::new(u32::try_from(r.segment.node).ok()?)?;
             let generation = u32::try_from(r.segment.generation).ok()?;
             for e in &r.extents {
                 v.push(Piece {
@@ -128,17 +165,20 @@ impl Replicas {
                 });
             }
         }
-        Some(Self(v))
+        Some(Self::from_pieces(v))
     }
 
     pub fn pieces(&self) -> &[Piece] {
-        &self.0
+        match &self.0 {
+            Repr::One(p) => std::slice::from_ref(p),
+            Repr::Many(v) => v,
+        }
     }
 
     /// The replicas in their full form.
     pub fn to_vec(&self) -> Vec<Replica> {
         let mut out: Vec<Replica> = Vec::new();
-        for p in &self.0 {
+        for p in self.pieces() {
             let seg = p.segment();
             match out.last_mut() {
                 Some(r) if r.segment == seg => r.extents.push(p.extent()),
@@ -154,7 +194,7 @@ impl Replicas {
     /// Distinct segments, in replica order.
     pub fn segments(&self) -> impl Iterator<Item = SegmentId> + '_ {
         let mut last = None;
-        self.0.iter().filter_map(move |p| {
+        self.pieces().iter().filter_map(move |p| {
             let s = p.segment();
             (last.replace(s) != Some(s)).then_some(s)
         })
@@ -165,25 +205,35 @@ impl Replicas {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.pieces().is_empty()
     }
 
     /// Allocated bytes over all replicas.
     pub fn bytes(&self) -> u64 {
-        self.0.iter().fold(0u64, |a, p| a.saturating_add(p.len))
+        self.pieces()
+            .iter()
+            .fold(0u64, |a, p| a.saturating_add(p.len))
     }
 
     /// Keeps the pieces of the segments `keep` accepts.
     pub fn retain_segments(&mut self, mut keep: impl FnMut(SegmentId) -> bool) {
-        self.0.retain(|p| keep(p.segment()));
+        let kept: Vec<Piece> = self
+            .pieces()
+            .iter()
+            .filter(|p| keep(p.segment()))
+            .copied()
+            .collect();
+        if kept.len() != self.pieces().len() {
+            *self = Self::from_pieces(kept);
+        }
     }
 }
 
 /// A committed object.
 ///
 /// Ten million of these are the state machine's memory: the pin is kept as a one-byte kind
-/// beside its time rather than as a [`Pin`] (16 bytes with its tag), which makes the record 88
-/// bytes instead of 96. Serialised exactly as it was ([`ObjectRecord`]): snapshots and
+/// beside its time rather than as a [`Pin`] (16 bytes with its tag), and the replicas in 24
+/// bytes, which makes the record 80 bytes instead of 96. Serialised exactly as it was ([`ObjectRecord`]): snapshots and
 /// commands are unchanged.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "ObjectRecord", into = "ObjectRecord")]
@@ -338,7 +388,8 @@ mod tests {
     /// for each kind of pin.
     #[test]
     fn an_object_serialises_as_before_its_pin_was_packed() {
-        assert_eq!(std::mem::size_of::<Object>(), 88);
+        assert_eq!(std::mem::size_of::<Replicas>(), 24);
+        assert_eq!(std::mem::size_of::<Object>(), 80);
         let replicas = Replicas::from_replicas(&[Replica {
             segment: SegmentId {
                 node: 3,
@@ -366,5 +417,70 @@ mod tests {
             assert_eq!(back.pin(), pin);
             assert_eq!(back, Object { access_s: 0, ..o });
         }
+    }
+
+    /// A piece as it was serialised inside a `SmallVec` (a sequence, like a `Vec`).
+    #[derive(Serialize)]
+    struct PieceBefore {
+        node: u32,
+        generation: u32,
+        offset: u64,
+        len: u64,
+    }
+
+    fn replica(node: u64, generation: u64, extents: &[(u64, u64)]) -> Replica {
+        Replica {
+            segment: SegmentId { node, generation },
+            extents: extents.iter().map(|&(o, l)| Extent::new(o, l)).collect(),
+        }
+    }
+
+    /// None, one and several pieces serialise as the sequence they were, read back equal, and
+    /// the inline and boxed forms never make two equal sets of replicas unequal.
+    #[test]
+    fn replicas_serialise_as_a_sequence_of_pieces_in_either_form() {
+        let cases = [
+            vec![],
+            vec![replica(1, 1, &[(0, 10)])],
+            vec![
+                replica(1, 1, &[(0, 10), (20, 5)]),
+                replica(7, 3, &[(64, 15)]),
+            ],
+        ];
+        for replicas in cases {
+            let r = Replicas::from_replicas(&replicas).unwrap();
+            assert_eq!(r.to_vec(), replicas);
+            let before: Vec<PieceBefore> = replicas
+                .iter()
+                .flat_map(|x| {
+                    x.extents.iter().map(|e| PieceBefore {
+                        node: x.segment.node as u32,
+                        generation: x.segment.generation as u32,
+                        offset: e.offset,
+                        len: e.len,
+                    })
+                })
+                .collect();
+            let bytes = bincode::serialize(&r).unwrap();
+            assert_eq!(bytes, bincode::serialize(&before).unwrap());
+            let back: Replicas = bincode::deserialize(&bytes).unwrap();
+            assert_eq!(back, r);
+        }
+        // Two replicas, one of them dropped: the one left is the inline form, equal to a fresh one.
+        let mut two =
+            Replicas::from_replicas(&[replica(1, 1, &[(0, 10)]), replica(2, 1, &[(0, 10)])])
+                .unwrap();
+        two.retain_segments(|s| s.node == 2);
+        assert_eq!(
+            two,
+            Replicas::from_replicas(&[replica(2, 1, &[(0, 10)])]).unwrap()
+        );
+        assert_eq!(two.count(), 1);
+        two.retain_segments(|_| false);
+        assert!(two.is_empty());
+        assert_eq!(two, Replicas::default());
+        // Node 0 (never assigned) and ids past 32 bits do not fit the compact form.
+        assert!(Replicas::from_replicas(&[replica(0, 1, &[(0, 1)])]).is_none());
+        assert!(Replicas::from_replicas(&[replica(1 << 32, 1, &[(0, 1)])]).is_none());
     }
 }
