@@ -324,29 +324,14 @@ pub(crate) fn decode_meta<T: DeserializeOwned>(key: &str, bytes: &[u8], path: &P
 /// over a second: the replica stalled, heartbeats included, and the followers called an
 /// election. A single remove takes that lock shared, so an append waits for one removal at most.
 fn delete_upto(log: &sled::Tree, upto: u64) -> sled::Result<()> {
-    let index_of = |k: &[u8]| {
-        k.get(..8).map(|b| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(b);
-            u64::from_be_bytes(a)
-        })
-    };
-    let (Some((first, _)), Some((last, _))) = (log.first()?, log.last()?) else {
-        return Ok(());
-    };
-    let (Some(first), Some(last)) = (index_of(&first), index_of(&last)) else {
-        return Ok(());
-    };
-    for i in first..=upto.min(last) {
-        if log.remove(index_key(i))?.is_none() {
-            continue;
+    // Records in key order, whatever they are: a first record, its chunks, or what an earlier
+    // purge cut short by a crash left (records below the purge mark are never read).
+    let end = upto.checked_add(1).map(index_key);
+    while let Some((key, _)) = log.first()? {
+        if end.is_some_and(|e| key.as_ref() >= &e[..]) {
+            break;
         }
-        // Its chunks, numbered from 1 without gaps.
-        for chunk in 1u32.. {
-            if log.remove(chunk_key(i, chunk))?.is_none() {
-                break;
-            }
-        }
+        log.remove(key)?;
     }
     Ok(())
 }
@@ -551,9 +536,19 @@ where
             .map_err(|e| Error::sled("read the last log entry", &s.path, e))?;
         // The cache is a suffix of the log: its last entry is the log's.
         let cached = s.tail.lock().last();
+        let purged_index = last_purged_log_id.map(|p| p.index);
         let last_entry_id = match (last, cached) {
             (Some(_), Some((index, value))) => {
                 Some(self.decode_entry(&index_key(index), &value)?.log_id)
+            }
+            // Only what a purge cut short left (ignored: the purged id stands for it).
+            (Some((key, _)), None)
+                if key
+                    .get(..8)
+                    .and_then(|k| key_index(k, &s.path).ok())
+                    .is_some_and(|i| purged_index.is_some_and(|p| i <= p)) =>
+            {
+                None
             }
             (Some((key, _)), None) => {
                 // The last record may be a chunk: the entry is read from its first record.
@@ -663,10 +658,9 @@ where
         Ok(true)
     }
 
-    /// Deletes the entries up to `upto` on a low-priority thread, after any earlier one. Keys
-    /// are computed from indexes rather than read from the tree (sled's iterators read values
-    /// too). A failure leaves entries below the mark, which are ignored (and deleted with the
-    /// next purge).
+    /// Deletes the entries up to `upto` on a low-priority thread, after any earlier one, taking
+    /// records from the front of the tree one at a time. A failure leaves records below the
+    /// mark, which are ignored (and deleted with the next purge).
     fn delete_in_background(&self, upto: u64) {
         let s = &self.shared;
         let mut purging = s.purging.lock();

@@ -711,3 +711,59 @@ async fn a_layout_1_log_is_read_and_restamped_and_a_newer_one_is_refused() {
         refused.err()
     );
 }
+
+/// A purge cut short by a crash can leave records of purged entries, a chunk among them, at the
+/// very end of the log (everything was purged, as after a snapshot install): the store still
+/// opens, reports the purged id as the last one, and the next purge removes what was left.
+#[tokio::test]
+async fn records_a_cut_short_purge_left_are_ignored_and_removed_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = "x".repeat(3 * regolith_raft_log::CHUNK_BYTES);
+    {
+        let (mut store, _sm, _kv) = open(dir.path());
+        store
+            .blocking_append((1..=3).map(|i| set(1, i, "k", &big)))
+            .await
+            .unwrap();
+        store.purge(log_id(1, 3)).await.unwrap();
+        store.flush().await.unwrap();
+    }
+    {
+        // What a crash between the deletion of entry 3's chunks could leave: its chunk 2 alone.
+        let db = raw_db(dir.path());
+        let mut key = 3u64.to_be_bytes().to_vec();
+        key.extend_from_slice(&2u32.to_be_bytes());
+        db.open_tree("log")
+            .unwrap()
+            .insert(key, &b"left over"[..])
+            .unwrap();
+        db.flush().unwrap();
+    }
+    {
+        let (mut store, _sm, _kv) = open(dir.path());
+        assert_eq!(
+            store.get_log_state().await.unwrap(),
+            LogState {
+                last_purged_log_id: Some(log_id(1, 3)),
+                last_log_id: Some(log_id(1, 3)),
+            }
+        );
+        store
+            .blocking_append((4..=5).map(|i| set(1, i, "k", &big)))
+            .await
+            .unwrap();
+        store.purge(log_id(1, 4)).await.unwrap();
+        store.flush().await.unwrap();
+        assert_eq!(
+            store.try_get_log_entries(0..).await.unwrap(),
+            vec![set(1, 5, "k", &big)]
+        );
+    }
+    let db = raw_db(dir.path());
+    let first = db.open_tree("log").unwrap().first().unwrap().unwrap().0;
+    assert_eq!(
+        &first[..],
+        &5u64.to_be_bytes(),
+        "the left-over chunk is gone"
+    );
+}
