@@ -677,6 +677,12 @@ fn lagging_follower_catches_up_with_one_snapshot_while_the_leader_keeps_its_term
         Some(term),
         "the follower moved to another term"
     );
+    // The replicas export their heap as jemalloc counts it (issue 17's memory accounting): a
+    // replica holding 600 objects and its runtime has some MB of it, resident at least as much.
+    let allocated = gauge(&c, follower, "regolith_metad_heap_allocated_bytes").unwrap_or(0.0);
+    let resident = gauge(&c, follower, "regolith_metad_heap_resident_bytes").unwrap_or(0.0);
+    assert!(allocated > 1e6, "heap allocated: {allocated}");
+    assert!(resident >= allocated, "heap resident {resident} < allocated {allocated}");
 }
 
 /// Issue 17: a new leader whose followers already hold its log does not send it to them again.
