@@ -682,7 +682,10 @@ fn lagging_follower_catches_up_with_one_snapshot_while_the_leader_keeps_its_term
     let allocated = gauge(&c, follower, "regolith_metad_heap_allocated_bytes").unwrap_or(0.0);
     let resident = gauge(&c, follower, "regolith_metad_heap_resident_bytes").unwrap_or(0.0);
     assert!(allocated > 1e6, "heap allocated: {allocated}");
-    assert!(resident >= allocated, "heap resident {resident} < allocated {allocated}");
+    assert!(
+        resident >= allocated,
+        "heap resident {resident} < allocated {allocated}"
+    );
 }
 
 /// Issue 17: a new leader whose followers already hold its log does not send it to them again.
