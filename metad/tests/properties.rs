@@ -91,6 +91,18 @@ fn concrete(sm: &StateMachine, op: u8, a: u64, b: u64, c: u64) -> Command {
     }
 }
 
+/// Concrete commands from random seeds, each built against the state the ones before it made.
+fn commands(ops: Vec<(u8, u64, u64, u64)>) -> Vec<Command> {
+    let mut scratch = StateMachine::new();
+    let mut cmds = Vec::new();
+    for (op, a, b, c) in ops {
+        let cmd = concrete(&scratch, op, a, b, c);
+        scratch.apply(&cmd, &mut Vec::new());
+        cmds.push(cmd);
+    }
+    cmds
+}
+
 fn restore(sm: &StateMachine) -> StateMachine {
     StateMachine::read_snapshot(&mut sm.snapshot_bytes().as_slice()).expect("restore")
 }
@@ -134,13 +146,7 @@ proptest! {
     /// Invariant 1: replay and snapshot-restore-then-replay give identical state and outcomes.
     #[test]
     fn apply_is_deterministic(ops in prop::collection::vec((any::<u8>(), any::<u64>(), any::<u64>(), any::<u64>()), 1..120), cut in any::<prop::sample::Index>()) {
-        let mut scratch = StateMachine::new();
-        let mut cmds = Vec::new();
-        for (op, a, b, c) in ops {
-            let cmd = concrete(&scratch, op, a, b, c);
-            scratch.apply(&cmd, &mut Vec::new());
-            cmds.push(cmd);
-        }
+        let cmds = commands(ops);
         let k = cut.index(cmds.len() + 1);
         let mut replay = StateMachine::new();
         let mut outs_a = Vec::new();
@@ -176,13 +182,7 @@ proptest! {
         ops in prop::collection::vec((any::<u8>(), any::<u64>(), any::<u64>(), any::<u64>()), 1..120),
         cut in any::<prop::sample::Index>(),
     ) {
-        let mut scratch = StateMachine::new();
-        let mut cmds = Vec::new();
-        for (op, a, b, c) in ops {
-            let cmd = concrete(&scratch, op, a, b, c);
-            scratch.apply(&cmd, &mut Vec::new());
-            cmds.push(cmd);
-        }
+        let cmds = commands(ops);
         let k = cut.index(cmds.len() + 1);
         let mut live = StateMachine::new();
         for c in &cmds[..k] {

@@ -159,19 +159,7 @@ async fn purged_entries_are_never_read_and_are_deleted_in_the_background() {
     assert_eq!(left.first().map(|e| e.log_id), Some(log_id(2, 2991)));
     assert_eq!(left.len(), 20);
     drop(store);
-    // sled's I/O threads let go of the file lock a moment after the store is dropped.
-    let mut tries = 0;
-    let db = loop {
-        match sled::open(dir.path().join("raft.sled")) {
-            Ok(db) => break db,
-            Err(e) if tries < 500 => {
-                tries += 1;
-                let _ = e;
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
+    let db = raw_db(dir.path());
     let log = db.open_tree("log").unwrap();
     assert_eq!(log.len(), 20, "purged entries left on disk");
 }
