@@ -83,6 +83,18 @@ impl Node {
             },
         )
         .map_err(storage_err)?;
+        // A leader that stopped comes back as a follower, and the next leader is elected in a
+        // new term: the leader's memory (reservation versions above all) restarts empty, and
+        // within one term its names must stay unique.
+        if let Some(term) = regolith_raft_log::no_restored_leader(&log, settings.id)
+            .await
+            .map_err(storage_err)?
+        {
+            tracing::info!(
+                term,
+                "led term {term} when it stopped: starts as a follower, the next leader is elected in a new term"
+            );
+        }
         let storage = log.stats();
         let raft_cfg = openraft::Config {
             cluster_name: "regolith".into(),

@@ -21,8 +21,9 @@
 //! * `state_machine` — [`SledStateMachine`]: applies entries to `S`, builds and installs
 //!   snapshots.
 //! * `snapshot` — the snapshot file format and the snapshot directory.
-//! * `offline` — [`seed_snapshot`] (restore a new member from a backup) and
-//!   [`force_single_member`] (a survivor of a lost quorum becomes a one-member cluster).
+//! * `offline` — [`seed_snapshot`] (restore a new member from a backup),
+//!   [`force_single_member`] (a survivor of a lost quorum becomes a one-member cluster) and
+//!   [`no_restored_leader`] (a leader that stopped starts as a follower).
 //! * `stats` — [`StorageStats`], atomics the application exports as metrics.
 
 // No unwrap/expect outside tests: nothing a peer, a client or a config file sends may panic
@@ -48,7 +49,7 @@ pub use crate::core::{SnapshotView, StateMachineCore};
 pub use crate::error::{Error, Result};
 pub use crate::flusher::FlusherPause;
 pub use crate::log_store::{SledLogStore, CHUNK_BYTES, LOG_LAYOUT_VERSION};
-pub use crate::offline::{force_single_member, seed_snapshot};
+pub use crate::offline::{force_single_member, no_restored_leader, seed_snapshot};
 pub use crate::snapshot::SNAPSHOT_FORMAT_VERSION;
 pub use crate::state_machine::{AppliedHandle, SledSnapshotBuilder, SledStateMachine};
 pub use crate::stats::{LatencyHistogram, StorageStats};

@@ -718,6 +718,21 @@ where
         self.purge_upto(log_id)
     }
 
+    /// When the stored vote is `id`'s own committed vote (it led when it stopped), stores it
+    /// uncommitted, flushed; answers the term, if it did. See [`crate::offline::no_restored_leader`].
+    pub(crate) async fn uncommit_own_vote(&self, id: u64) -> Result<Option<u64>> {
+        let Some(vote) = self.read_meta::<Vote<u64>>(KEY_VOTE)? else {
+            return Ok(None);
+        };
+        if !vote.is_committed() || vote.leader_id().voted_for() != Some(id) {
+            return Ok(None);
+        }
+        let term = vote.leader_id().get_term();
+        self.write_meta(KEY_VOTE, &Vote::new(term, id))?;
+        self.shared.flusher.flush().await?;
+        Ok(Some(term))
+    }
+
     /// Appends one entry and waits until it is durable.
     pub(crate) async fn append_offline(&self, entry: Entry<C>) -> Result<()> {
         let (count, bytes) = self.write_entries([entry])?;

@@ -1,7 +1,7 @@
 //! Offline surgery on a data directory, done before openraft opens it: seeding a brand-new
-//! member from a snapshot (restore from a backup), and rewriting a survivor's membership to
-//! itself alone (recovery from a lost quorum). Both are for the application's start-up, with
-//! nothing else holding the directory (sled locks its database).
+//! member from a snapshot (restore from a backup), rewriting a survivor's membership to itself
+//! alone (recovery from a lost quorum), and keeping a leader that stopped from coming back as
+//! the leader of its old term. All are for the application's start-up.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -103,4 +103,22 @@ where
     };
     store.append_offline(entry).await?;
     Ok(log_id)
+}
+
+/// Makes sure the member `id` does not start as the leader of the term it led before it stopped.
+///
+/// openraft 0.9 restores a member whose stored vote is its own committed vote as the leader of
+/// that term at once, without an election. The leader's memory (whatever it handed out that is
+/// not in the log, such as reservation versions numbered from 1 in each term) starts empty, so
+/// one term had two leaders' worth of such names, and they collided (issue 17: two objects
+/// committed under one version; a sidecar's release of an old reservation freed a new one's
+/// extents). Storing the vote uncommitted (same term, same candidate: it grants no other vote
+/// in that term) starts the member as a follower; the next leader is elected in a new term.
+/// Returns the term the member led, when it did. Call it on the log store before openraft gets
+/// it.
+pub async fn no_restored_leader<C>(log: &SledLogStore<C>, id: u64) -> Result<Option<u64>>
+where
+    C: RaftTypeConfig<NodeId = u64, Node = BasicNode, Entry = Entry<C>>,
+{
+    log.uncommit_own_vote(id).await
 }

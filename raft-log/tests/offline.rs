@@ -1,5 +1,6 @@
-//! Offline surgery on a data directory: `seed_snapshot` (restore a new member from a backup)
-//! and `force_single_member` (a survivor of a lost quorum alone).
+//! Offline surgery on a data directory: `seed_snapshot` (restore a new member from a backup),
+//! `force_single_member` (a survivor of a lost quorum alone) and `no_restored_leader` (a leader
+//! that stopped starts as a follower).
 
 mod common;
 
@@ -12,7 +13,8 @@ use openraft::{
     StoredMembership, Vote,
 };
 use regolith_raft_log::{
-    force_single_member, has_state, seed_snapshot, Error, StateMachineCore, StorageConfig,
+    force_single_member, has_state, no_restored_leader, seed_snapshot, Error, StateMachineCore,
+    StorageConfig,
 };
 
 fn nodes(ids: &[u64]) -> Membership<u64, BasicNode> {
@@ -151,4 +153,39 @@ async fn forcing_appends_a_single_member_entry_after_the_log_or_the_snapshot() {
     let state = store.get_log_state().await.unwrap();
     assert_eq!(state.last_purged_log_id, Some(log_id(2, 3)));
     assert_eq!(state.last_log_id, Some(log_id(2, 4)));
+}
+
+/// A member whose stored vote is its own committed vote (it led) gets it back uncommitted, with
+/// the same term and candidate, durably; any other vote is left as it is.
+#[tokio::test]
+async fn a_leaders_own_committed_vote_is_stored_uncommitted() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut store, _sm, _kv) = open(dir.path());
+        store.save_vote(&Vote::new_committed(9, 2)).await.unwrap();
+        assert_eq!(
+            no_restored_leader(&store, 1).await.unwrap(),
+            None,
+            "another's vote"
+        );
+        assert_eq!(
+            store.read_vote().await.unwrap(),
+            Some(Vote::new_committed(9, 2))
+        );
+        assert_eq!(no_restored_leader(&store, 2).await.unwrap(), Some(9));
+    }
+    let (mut store, _sm, _kv) = open(dir.path());
+    assert_eq!(
+        store.read_vote().await.unwrap(),
+        Some(Vote::new(9, 2)),
+        "uncommitted after a reopen"
+    );
+    assert_eq!(
+        no_restored_leader(&store, 2).await.unwrap(),
+        None,
+        "an uncommitted vote stays"
+    );
+    store.save_vote(&Vote::new(10, 2)).await.unwrap();
+    assert_eq!(no_restored_leader(&store, 2).await.unwrap(), None);
+    assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(10, 2)));
 }
