@@ -24,6 +24,11 @@ use crate::workload::{HostCtx, Workload, WorkloadClient};
 /// Port the fake sidecars advertise as their data port (nothing listens: no bytes move).
 pub const FAKE_DATA_PORT: u16 = 7600;
 
+/// How long after an attempt's deadline it may still be acted on, as this process sees it: the
+/// header is in whole milliseconds and metad's clock is the same host's here (its own in a
+/// real cluster, which NTP keeps within a few milliseconds).
+const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
+
 #[derive(Clone, Debug)]
 pub struct MetadOnlyConfig {
     /// Size of every object (only metadata: nothing is allocated).
@@ -507,11 +512,25 @@ impl MetadOnlyClient {
 
     /// One remove, attempted at one replica at a time (never blindly retried: a retry after an
     /// attempt of unknown fate would answer not-found for a key the first attempt removed).
+    /// After such an attempt, the answer waits until that attempt's deadline has passed: metad
+    /// may act on it until then (it may be delivered late), and an effect after the answer
+    /// would fall outside the operation.
     async fn remove_inner(&self, key: &str) -> OpResult {
+        let r = self.remove_attempts(key).await;
+        if let Some(at) = r.1 {
+            tokio::time::sleep_until(at).await;
+        }
+        r.0
+    }
+
+    /// [`Self::remove_inner`]'s attempts; with the result, when the last attempt of unknown
+    /// fate stops counting.
+    async fn remove_attempts(&self, key: &str) -> (OpResult, Option<tokio::time::Instant>) {
         let client = &self.sc.client;
         let addrs = client.addrs().to_vec();
         let mut target = client.leader_addr();
         let mut maybe_done = false;
+        let mut settled_at: Option<tokio::time::Instant> = None;
         let mut last = String::new();
         for attempt in 0..(addrs.len() * 2) {
             let addr = target
@@ -520,13 +539,22 @@ impl MetadOnlyClient {
             let req = pb::RemoveRequest {
                 keys: vec![key.to_string()],
             };
-            match client
+            // The attempt's deadline (stamped when it is sent, once connected), plus room for
+            // the two clocks and the header's rounding.
+            let counts_until = tokio::time::Instant::now()
+                + client.connect_timeout()
+                + client.request_timeout()
+                + DEADLINE_MARGIN;
+            let sent = client
                 .call_at(&addr, |mut c| async move { c.remove(req).await })
-                .await
-            {
+                .await;
+            if sent.is_err() {
+                settled_at = settled_at.max(Some(counts_until));
+            }
+            let result = match sent {
                 Ok(resp) => {
                     let code = resp.codes.first().copied().unwrap_or(-1);
-                    return match pb::Code::try_from(code) {
+                    Some(match pb::Code::try_from(code) {
                         Ok(pb::Code::Ok) => OpResult::Ok(Reply::Removed(true)),
                         Ok(pb::Code::NotFound) if !maybe_done => {
                             OpResult::Ok(Reply::Removed(false))
@@ -535,34 +563,40 @@ impl MetadOnlyClient {
                             "not found, after an attempt of unknown fate ({last})"
                         )),
                         _ => OpResult::Indeterminate(format!("remove: {}", code_name(code))),
-                    };
+                    })
                 }
                 Err(regolith_proto::Error::NotLeader { leader, .. }) => {
                     // Possibly a deposed leader that had proposed it.
                     maybe_done = true;
                     last = format!("{addr}: not leader");
                     target = leader.map(|h| h.addr);
+                    None
                 }
                 Err(
                     e @ regolith_proto::Error::Rpc {
                         code: tonic::Code::Unauthenticated | tonic::Code::InvalidArgument,
                         ..
                     },
-                ) => {
-                    return if maybe_done {
-                        OpResult::Indeterminate(format!("remove: {e} after {last}"))
-                    } else {
-                        OpResult::Fail(format!("remove: {e}"))
-                    };
-                }
+                ) => Some(if maybe_done {
+                    OpResult::Indeterminate(format!("remove: {e} after {last}"))
+                } else {
+                    OpResult::Fail(format!("remove: {e}"))
+                }),
                 Err(e) => {
                     maybe_done = true;
                     last = e.to_string();
                     tokio::time::sleep(Duration::from_millis(100)).await;
+                    None
                 }
+            };
+            if let Some(r) = result {
+                return (r, settled_at);
             }
         }
-        OpResult::Indeterminate(format!("remove: no leader answered ({last})"))
+        (
+            OpResult::Indeterminate(format!("remove: no leader answered ({last})")),
+            settled_at,
+        )
     }
 }
 

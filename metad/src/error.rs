@@ -48,6 +48,14 @@ pub enum Error {
     Expired { version: Version },
     #[error("commit of reservation {version} refused at apply: {reason}")]
     Conflict { version: Version, reason: String },
+    /// The client's deadline for this request passed before metad acted on it (a delayed or
+    /// abandoned attempt; see `deadline`).
+    #[error(
+        "the request's deadline (header regolith-deadline-ms) passed {late_ms} ms ago: not acted \
+         on, the client gave up on it; if every request says so, this replica's clock is ahead \
+         of the client's"
+    )]
+    DeadlinePassed { late_ms: u64 },
     #[error("this replica is not the leader")]
     NotLeader { leader: Option<(u64, String)> },
     #[error("leader not ready: {0}")]

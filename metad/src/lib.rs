@@ -18,6 +18,7 @@
 //! * [`raft_types`] — the openraft type configuration; [`sm`] plugs the core into `raft-log`.
 //! * [`network`] — Raft messages between replicas over gRPC, capped by bytes.
 //! * [`proposer`] — group commit: concurrent proposals coalesced into one entry.
+//! * [`deadline`] — requests past their client's deadline are not acted on.
 //! * [`gate`] — when reads may be served from the applied state (design §5); leadership changes.
 //! * [`elect`] — a fresh random election timeout for each campaign after a split vote.
 //! * [`transfer`] — leadership hand-over without an election timeout (rolling upgrades,
@@ -50,6 +51,7 @@ pub mod clock;
 pub mod command;
 pub mod config;
 pub mod core;
+pub mod deadline;
 pub mod elect;
 pub mod error;
 pub mod feed;

@@ -43,6 +43,7 @@ pub struct Metrics {
     pub snapshot_bytes: IntGauge,
     pub watch_streams: IntGauge,
     pub watch_resyncs: IntCounter,
+    pub requests_past_deadline: IntCounter,
     pub accesses_reported: IntCounter,
     pub tls_handshake_failures: IntCounter,
     pub tls_reloads: IntGauge,
@@ -233,6 +234,11 @@ impl Metrics {
                 &r,
                 "watch_resyncs_total",
                 "Full snapshots sent to watchers (new, or too far behind the feed)",
+            ),
+            requests_past_deadline: counter(
+                &r,
+                "requests_past_deadline_total",
+                "Requests (or commands of a request) not acted on because the client's deadline had passed",
             ),
             accesses_reported: counter(
                 &r,

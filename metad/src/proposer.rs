@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use regolith_proto::auth::unix_ms;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use crate::command::{Batch, Command, Outcome};
@@ -16,7 +17,23 @@ use crate::raft_types::Raft;
 struct Pending {
     cmd: Command,
     bytes: usize,
+    /// The deadline of the request that proposed it ([`crate::deadline`]).
+    deadline: Option<u64>,
     reply: oneshot::Sender<Result<Outcome>>,
+}
+
+impl Pending {
+    /// A command of a request whose client gave up on it is answered, not proposed.
+    fn refuse_if_late(self, now_ms: u64, metrics: &Metrics) -> Option<Self> {
+        match crate::deadline::check_at(self.deadline, now_ms) {
+            Ok(()) => Some(self),
+            Err(e) => {
+                metrics.requests_past_deadline.inc();
+                let _ = self.reply.send(Err(e));
+                None
+            }
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -71,9 +88,15 @@ impl Proposer {
     /// Replicates one command and returns its outcome once applied on this node.
     pub async fn propose(&self, cmd: Command) -> Result<Outcome> {
         let bytes = bincode::serialized_size(&cmd).unwrap_or(0) as usize;
+        let deadline = crate::deadline::current();
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Pending { cmd, bytes, reply })
+            .send(Pending {
+                cmd,
+                bytes,
+                deadline,
+                reply,
+            })
             .await
             .map_err(|_| Error::Raft("proposer stopped (shutting down)".into()))?;
         rx.await
@@ -82,11 +105,18 @@ impl Proposer {
 
     /// Replicates several commands (usually landing in one entry); outcomes in order.
     pub async fn propose_all(&self, cmds: Vec<Command>) -> Vec<Result<Outcome>> {
+        let deadline = crate::deadline::current();
         let mut rxs = Vec::with_capacity(cmds.len());
         for cmd in cmds {
             let bytes = bincode::serialized_size(&cmd).unwrap_or(0) as usize;
             let (reply, rx) = oneshot::channel();
-            if self.tx.send(Pending { cmd, bytes, reply }).await.is_err() {
+            let p = Pending {
+                cmd,
+                bytes,
+                deadline,
+                reply,
+            };
+            if self.tx.send(p).await.is_err() {
                 break;
             }
             rxs.push(rx);
@@ -134,6 +164,15 @@ async fn run(
         tokio::spawn(async move {
             // An error means the proposer is gone, and with it any hold.
             let _ = held.wait_for(|h| !*h).await;
+            // Checked last thing before Raft: a batch may have waited for a slot or a hold.
+            let now = unix_ms();
+            let batch: Vec<Pending> = batch
+                .into_iter()
+                .filter_map(|p| p.refuse_if_late(now, &metrics))
+                .collect();
+            if batch.is_empty() {
+                return;
+            }
             let (cmds, replies): (Vec<Command>, Vec<_>) =
                 batch.into_iter().map(|p| (p.cmd, p.reply)).unzip();
             let n = cmds.len();

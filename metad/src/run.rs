@@ -302,7 +302,7 @@ impl Replica {
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
         // The token is checked before a request body is read.
-        let metad = InterceptedService::new(metad, check.clone());
+        let metad = crate::deadline::WithDeadline(InterceptedService::new(metad, check.clone()));
         if settings.peer_token.is_none() {
             tracing::warn!(
                 "no --peer-token-file: Raft messages are accepted from any cluster-token holder (every sidecar and CLI user); see docs/security.md"

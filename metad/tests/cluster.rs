@@ -618,6 +618,96 @@ fn reservation_versions_are_never_issued_twice_across_restarts() {
     }
 }
 
+/// Regression (issue 17): a remove held in TCP retransmission through a partition reached a
+/// replica seconds after its client had retried elsewhere and answered, just as that replica
+/// won an election, and removed a newer put. A request whose deadline
+/// (`regolith-deadline-ms`) has passed is not acted on: no removal, no reservation; the same
+/// request within its deadline, or without one, is.
+#[test]
+fn a_request_past_its_deadline_is_not_acted_on() {
+    fn with_deadline<T>(msg: T, at: Option<u64>) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        if let Some(at) = at {
+            r.metadata_mut()
+                .insert(regolith_proto::auth::DEADLINE_HEADER, at.into());
+        }
+        r
+    }
+
+    use regolith_proto::auth::{unix_ms, TokenInterceptor};
+    use regolith_proto::metad::metad_client::MetadClient as Stub;
+
+    let c = Cluster::start(1);
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let rt = runtime();
+    rt.block_on(async {
+        let client = c.client();
+        let (node, generation) = mount(&client, "node-a", 64 << 20).await;
+        put_series(&client, node, generation, "kept", 1).await;
+        // A stub that stamps no deadline of its own: each request carries the one set here.
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", c.replicas[&leader].grpc))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+        let mut raw =
+            Stub::with_interceptor(channel, TokenInterceptor::new(Some(&c.token())).unwrap());
+        let past = Some(unix_ms() - 1_000);
+        let remove = || pb::RemoveRequest {
+            keys: vec!["kept-0".into()],
+        };
+        let late = raw.remove(with_deadline(remove(), past)).await.unwrap_err();
+        assert_eq!(late.code(), tonic::Code::DeadlineExceeded, "{late:?}");
+        assert!(late.message().contains("deadline"), "{}", late.message());
+        assert!(
+            client.exists("kept-0").await.unwrap(),
+            "a late remove removed the key"
+        );
+
+        let reserve = |key: &str| pb::ReserveRequest {
+            key: key.into(),
+            size: 4096,
+            options: Some(pb::PutOptions {
+                replicas: 1,
+                ..Default::default()
+            }),
+            requester_node_id: 0,
+        };
+        let late = raw
+            .reserve(with_deadline(reserve("late"), past))
+            .await
+            .unwrap_err();
+        assert_eq!(late.code(), tonic::Code::DeadlineExceeded, "{late:?}");
+        put(&client, "late", 4096, 1)
+            .await
+            .expect("a late reservation held the key");
+
+        let future = Some(unix_ms() + 30_000);
+        let on_time = raw.remove(with_deadline(remove(), future)).await.unwrap();
+        assert_eq!(on_time.into_inner().codes, vec![pb::Code::Ok as i32]);
+        let ok = raw
+            .reserve(with_deadline(reserve("none"), None))
+            .await
+            .unwrap();
+        assert_eq!(
+            ok.into_inner().status.unwrap_or_default().code,
+            0,
+            "no deadline: served"
+        );
+        let metrics = http_get(&c.replicas[&leader].http, "/metrics").unwrap().1;
+        assert!(
+            metrics.contains("regolith_metad_requests_past_deadline_total 2"),
+            "{}",
+            metrics
+                .lines()
+                .filter(|l| l.contains("deadline"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    });
+}
+
 /// A replica whose port is taken stops before it touches its data dir or votes: the other
 /// replicas' cluster is not disturbed by a half-started member.
 #[test]
@@ -689,6 +779,17 @@ fn lagging_follower_catches_up_with_one_snapshot_while_the_leader_keeps_its_term
         gauge(&c, leader, "regolith_metad_snapshots_built").unwrap_or(0.0) >= 3.0,
         "the leader built too few snapshots for the test to mean anything"
     );
+    // Let the leader finish the snapshot the last puts triggered (slow on a busy machine): a
+    // follower back during that build is sent the previous snapshot, then this one.
+    let mut built = gauge(&c, leader, "regolith_metad_snapshots_built");
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(700));
+        let now = gauge(&c, leader, "regolith_metad_snapshots_built");
+        if now == built {
+            break;
+        }
+        built = now;
+    }
     c.spawn(follower, None, false);
     let end = Instant::now() + Duration::from_secs(30);
     let caught_up = loop {

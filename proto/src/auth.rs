@@ -50,10 +50,27 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Client side: adds the token to every request.
+/// gRPC metadata key carrying a request's deadline: milliseconds since the Unix epoch on the
+/// client's clock. metad does not act on a request (propose it, reserve for it) once its clock
+/// has passed the deadline, so an attempt the client gave up on cannot take effect after the
+/// client retried it elsewhere and answered its caller (issue 17: a remove held in TCP
+/// retransmission through a partition reached the next leader four seconds later and removed
+/// a newer put). Absent: no deadline.
+pub const DEADLINE_HEADER: &str = "regolith-deadline-ms";
+
+/// Milliseconds since the Unix epoch now (0 if the clock is before it).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Client side: adds the token to every request, and its deadline when one is set.
 #[derive(Clone, Debug, Default)]
 pub struct TokenInterceptor {
     value: Option<MetadataValue<tonic::metadata::Ascii>>,
+    deadline: Option<std::time::Duration>,
 }
 
 impl TokenInterceptor {
@@ -66,7 +83,17 @@ impl TokenInterceptor {
                     .map_err(|_| Error::Config("cluster token is not valid header text".into()))?,
             ),
         };
-        Ok(Self { value })
+        Ok(Self {
+            value,
+            deadline: None,
+        })
+    }
+
+    /// Stamps every request with a deadline `timeout` after it is sent ([`DEADLINE_HEADER`]):
+    /// the attempt's own timeout, after which the client no longer waits for it.
+    pub fn with_deadline(mut self, timeout: std::time::Duration) -> Self {
+        self.deadline = Some(timeout);
+        self
     }
 }
 
@@ -74,6 +101,11 @@ impl Interceptor for TokenInterceptor {
     fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
         if let Some(v) = &self.value {
             req.metadata_mut().insert(HEADER, v.clone());
+        }
+        if let Some(t) = self.deadline {
+            let at = unix_ms().saturating_add(t.as_millis() as u64);
+            req.metadata_mut()
+                .insert(DEADLINE_HEADER, MetadataValue::from(at));
         }
         Ok(req)
     }

@@ -128,7 +128,8 @@ impl MetadClient {
         for a in &cfg.addrs {
             validate_addr(a)?;
         }
-        let interceptor = TokenInterceptor::new(cfg.token.as_deref())?;
+        let interceptor =
+            TokenInterceptor::new(cfg.token.as_deref())?.with_deadline(cfg.request_timeout);
         Ok(Self {
             inner: Arc::new(Inner {
                 cfg,
@@ -141,6 +142,17 @@ impl MetadClient {
 
     pub fn addrs(&self) -> &[String] {
         &self.inner.cfg.addrs
+    }
+
+    /// How long one attempt is waited for; also the deadline each attempt carries
+    /// ([`crate::auth::DEADLINE_HEADER`]), after which metad does not act on it.
+    pub fn request_timeout(&self) -> Duration {
+        self.inner.cfg.request_timeout
+    }
+
+    /// How long an attempt may wait for its connection before it is sent (and stamped).
+    pub fn connect_timeout(&self) -> Duration {
+        self.inner.cfg.connect_timeout
     }
 
     /// The address currently believed to be the leader's.

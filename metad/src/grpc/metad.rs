@@ -67,6 +67,7 @@ fn status(e: Error) -> Status {
         Error::Precondition(m) => Status::failed_precondition(m),
         Error::PermissionDenied(m) => Status::permission_denied(m),
         Error::MetaQuota(_) => Status::resource_exhausted(e.to_string()),
+        Error::DeadlinePassed { .. } => Status::deadline_exceeded(e.to_string()),
         Error::NotReady(_)
         | Error::SegmentsNotReady { .. }
         | Error::NoLeaderState

@@ -165,6 +165,12 @@ impl Ops {
             self.gate.hand_over_ended().await;
             self.leader().await?;
         }
+        // A reservation for a writer that gave up would hold its key (ALREADY_EXISTS to the
+        // next put of it) and its space until it expired.
+        if let Err(e) = crate::deadline::check() {
+            self.metrics.requests_past_deadline.inc();
+            return Err(e);
+        }
         let (mut round, evict) = {
             let now = self.clock.now();
             let mut core = self.core.lock();
