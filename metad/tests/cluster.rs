@@ -708,6 +708,51 @@ fn a_request_past_its_deadline_is_not_acted_on() {
     });
 }
 
+/// A remove whose first attempt went unanswered (a replica that accepts connections and never
+/// replies) answers only once that attempt's deadline has passed, so nothing it might still do
+/// happens after the caller has the answer; a read is not held back.
+#[test]
+fn a_remove_after_an_attempt_of_unknown_fate_answers_after_its_deadline() {
+    let c = Cluster::start(1);
+    c.wait_leader(Duration::from_secs(15));
+    let rt = runtime();
+    rt.block_on(async {
+        let (node, generation) = mount(&c.client(), "node-a", 64 << 20).await;
+        put_series(&c.client(), node, generation, "k", 2).await;
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_addr = silent.local_addr().unwrap().to_string();
+        let _accepting = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = silent.accept().await {
+                held.push(s);
+            }
+        });
+        let client = || {
+            let mut cfg = regolith_proto::client::ClientConfig::new(
+                std::iter::once(silent_addr.clone())
+                    .chain(c.addrs())
+                    .collect(),
+            );
+            cfg.token = Some(c.token());
+            cfg.connect_timeout = Duration::from_millis(200);
+            cfg.request_timeout = Duration::from_millis(400);
+            regolith_proto::client::MetadClient::new(cfg).unwrap()
+        };
+        let t = Instant::now();
+        assert!(client().exists("k-0").await.unwrap());
+        let read = t.elapsed();
+        let t = Instant::now();
+        let r = client().remove(vec!["k-0".into()]).await.unwrap();
+        let removed = t.elapsed();
+        assert_eq!(r.codes, vec![pb::Code::Ok as i32]);
+        assert!(
+            removed >= Duration::from_millis(600),
+            "answered {removed:?} after sending, before the silent attempt's deadline"
+        );
+        assert!(read < removed, "read {read:?}, remove {removed:?}");
+    });
+}
+
 /// A replica whose port is taken stops before it touches its data dir or votes: the other
 /// replicas' cluster is not disturbed by a half-started member.
 #[test]

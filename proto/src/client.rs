@@ -26,6 +26,10 @@ pub type MetadStub = Stub<InterceptedService<Channel, TokenInterceptor>>;
 /// Longest pause between two attempts: a new leader is found within this of its election.
 pub const MAX_BACKOFF: Duration = Duration::from_millis(100);
 
+/// How long after an attempt's deadline metad may still act on it, as the client's clock sees
+/// it: the header's whole milliseconds and the skew of two NTP-synchronised clocks.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
+
 /// Largest gRPC message the client accepts (batch replies of many placements).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -203,7 +207,53 @@ impl MetadClient {
 
     /// Calls the leader, following redirects and retrying across elections until the retry
     /// deadline. Returns the reply and the address that answered.
-    pub async fn call<T, F, Fut>(&self, op: &'static str, mut f: F) -> Result<(T, String)>
+    pub async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<(T, String)>
+    where
+        F: FnMut(MetadStub) -> Fut,
+        Fut: Future<Output = std::result::Result<Response<T>, Status>>,
+    {
+        self.call_with(op, false, f).await
+    }
+
+    /// [`Self::call`] for a call that must not take effect twice over (a remove, a mount): when
+    /// an attempt ended with its fate unknown (a timeout, a lost connection), the answer waits
+    /// until that attempt's deadline has passed, after which metad no longer acts on it. So
+    /// nothing that attempt does happens after the caller has its answer (a remove delivered
+    /// late would otherwise remove a newer put of the key).
+    pub async fn call_settled<T, F, Fut>(&self, op: &'static str, f: F) -> Result<(T, String)>
+    where
+        F: FnMut(MetadStub) -> Fut,
+        Fut: Future<Output = std::result::Result<Response<T>, Status>>,
+    {
+        self.call_with(op, true, f).await
+    }
+
+    async fn call_with<T, F, Fut>(
+        &self,
+        op: &'static str,
+        settle: bool,
+        mut f: F,
+    ) -> Result<(T, String)>
+    where
+        F: FnMut(MetadStub) -> Fut,
+        Fut: Future<Output = std::result::Result<Response<T>, Status>>,
+    {
+        let mut unsettled: Option<Instant> = None;
+        let r = self.call_attempts(op, &mut f, &mut unsettled).await;
+        if let (true, Some(at)) = (settle, unsettled) {
+            tokio::time::sleep_until(at.into()).await;
+        }
+        r
+    }
+
+    /// The attempts of a call; `unsettled` is raised to when the last attempt of unknown fate
+    /// stops counting (its deadline, stamped once connected, and a margin for the clocks).
+    async fn call_attempts<T, F, Fut>(
+        &self,
+        op: &'static str,
+        f: &mut F,
+        unsettled: &mut Option<Instant>,
+    ) -> Result<(T, String)>
     where
         F: FnMut(MetadStub) -> Fut,
         Fut: Future<Output = std::result::Result<Response<T>, Status>>,
@@ -229,6 +279,10 @@ impl MetadClient {
                     a
                 }
             };
+            let counts_until = Instant::now()
+                + self.inner.cfg.connect_timeout
+                + self.inner.cfg.request_timeout
+                + DEADLINE_MARGIN;
             match f(self.stub(&addr)?).await {
                 Ok(resp) => {
                     self.set_leader(Some(addr.clone()));
@@ -245,6 +299,7 @@ impl MetadClient {
                     }
                 }
                 Err(s) if retryable(&s) => {
+                    *unsettled = (*unsettled).max(Some(counts_until));
                     self.set_leader(None);
                     last = format!("{addr}: {:?}: {}", s.code(), s.message());
                     tracing::debug!(op, %addr, code = ?s.code(), msg = s.message(), "metad call failed; retrying");
@@ -300,7 +355,7 @@ impl MetadClient {
 
     pub async fn mount(&self, req: MountSegmentRequest) -> Result<MountSegmentResponse> {
         Ok(self
-            .call("mount", |mut c| {
+            .call_settled("mount", |mut c| {
                 let r = req.clone();
                 async move { c.mount_segment(r).await }
             })
@@ -427,7 +482,7 @@ impl MetadClient {
     pub async fn remove(&self, keys: Vec<String>) -> Result<RemoveResponse> {
         let req = RemoveRequest { keys };
         Ok(self
-            .call("remove", |mut c| {
+            .call_settled("remove", |mut c| {
                 let r = req.clone();
                 async move { c.remove(r).await }
             })
@@ -437,7 +492,7 @@ impl MetadClient {
 
     pub async fn remove_all(&self) -> Result<u64> {
         Ok(self
-            .call("remove_all", |mut c| async move {
+            .call_settled("remove_all", |mut c| async move {
                 c.remove_all(RemoveAllRequest {}).await
             })
             .await?
@@ -549,7 +604,7 @@ impl MetadClient {
             key: key.to_string(),
             value,
         };
-        self.call("meta_put", |mut c| {
+        self.call_settled("meta_put", |mut c| {
             let r = req.clone();
             async move { c.meta_put(r).await }
         })
@@ -562,7 +617,7 @@ impl MetadClient {
             key: key.to_string(),
         };
         Ok(self
-            .call("meta_delete", |mut c| {
+            .call_settled("meta_delete", |mut c| {
                 let r = req.clone();
                 async move { c.meta_delete(r).await }
             })
