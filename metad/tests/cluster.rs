@@ -753,6 +753,60 @@ fn a_remove_after_an_attempt_of_unknown_fate_answers_after_its_deadline() {
     });
 }
 
+/// A leader that no longer hears a quorum (here its followers are stopped; in the chaos suite
+/// it was deaf to its peers and not to the sidecars) refuses heartbeats once its lease has
+/// lapsed, so that sidecars look for the leader the others follow, which would otherwise
+/// declare them all dead; with its followers back it takes them again.
+#[test]
+fn a_leader_cut_off_from_its_quorum_refuses_heartbeats() {
+    let c = Cluster::start(3);
+    let leader = c.wait_leader(Duration::from_secs(15));
+    let rt = runtime();
+    let client = c.client();
+    let (node, generation) = rt.block_on(mount(&client, "node-a", 64 << 20));
+    let beat = || {
+        let addr = c.replicas[&leader].grpc.clone();
+        let req = pb::HeartbeatRequest {
+            node_id: node,
+            generation,
+            ..Default::default()
+        };
+        let client = &client;
+        async move {
+            client
+                .call_at(&addr, |mut s| async move { s.heartbeat(req).await })
+                .await
+        }
+    };
+    rt.block_on(async { beat().await.expect("the leader takes heartbeats") });
+    let followers: Vec<u64> = c
+        .replicas
+        .keys()
+        .copied()
+        .filter(|id| *id != leader)
+        .collect();
+    for id in &followers {
+        c.signal(*id, 19); // SIGSTOP
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    let refused = rt.block_on(beat());
+    for id in &followers {
+        c.signal(*id, 18); // SIGCONT
+    }
+    assert!(
+        refused.is_err(),
+        "a leader without a quorum took a heartbeat: {refused:?}"
+    );
+    c.wait_leader(Duration::from_secs(15));
+    // Through the client's retries: the followers back may elect again meanwhile.
+    let r = rt.block_on(client.heartbeat(pb::HeartbeatRequest {
+        node_id: node,
+        generation,
+        ..Default::default()
+    }));
+    assert!(r.is_ok(), "{r:?}");
+}
+
 /// A replica whose port is taken stops before it touches its data dir or votes: the other
 /// replicas' cluster is not disturbed by a half-started member.
 #[test]

@@ -141,6 +141,12 @@ impl Ops {
         hb: &Heartbeat,
         accessed: &[String],
     ) -> Result<(u64, HeartbeatReply)> {
+        // Only a leader a quorum still follows takes heartbeats. A leader cut off from its peers
+        // but not from the sidecars (one-way loss) stays leader in its own eyes until it hears
+        // of the new term; answering heartbeats meanwhile kept every sidecar talking to it while
+        // the new leader, hearing none, declared them all dead and dropped their objects (the
+        // chaos suite, issue 17). Refused here, a sidecar's client tries the other replicas.
+        self.read().await?;
         let obs = self.leader().await?;
         let now = self.clock.now();
         let mut core = self.core.lock();
