@@ -19,6 +19,12 @@
 //!   that completed before a remove that completed before the get began;
 //!   [`AnomalyKind::DoubleAcknowledgedPut`] — two puts of one key both acknowledged with no
 //!   remove that could separate them (a second put must answer already-exists).
+//!   Where the sidecars answer from their object index ([`CheckInput::read_staleness`]), a get
+//!   through one node may still return the value a remove or a later put made through
+//!   *another* node replaced, for at most the index's staleness bound after that operation
+//!   completed: such reads are not anomalies but counted ([`Report::stale_reads`]). Reads
+//!   through the node that made the change, and every observation of absence, stay strict
+//!   (read-your-writes; an index never answers "absent" itself).
 //! * (e) [`AnomalyKind::OverlappingExtents`] — two acknowledged objects whose extents share a
 //!   byte of one segment while neither could have been removed (invariant 2), when the client
 //!   knows placements and metad evicted nothing.
@@ -30,6 +36,7 @@
 //! * (d) [`AnomalyKind::NoRecovery`] — after a fault healed, no put and get both succeeded
 //!   within the limit (10 s).
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -102,6 +109,20 @@ pub struct CheckInput<'a> {
     pub recovery_limit: Duration,
     /// metad's node TTL, for check (f); `None` skips it.
     pub node_ttl: Option<Duration>,
+    /// How stale a read through another node than the change's may be (the sidecars' object
+    /// index); `None`: every read is held to linearizability.
+    pub read_staleness: Option<Duration>,
+}
+
+/// The staleness bound of the sidecar's object index (its `STALE_AFTER`, 2 s, measured from
+/// the leader's lease confirmation) plus a margin for the clock conversions between the
+/// leader's Unix time, the sidecar's monotonic clock and this recorder's.
+pub const INDEX_READ_STALENESS: Duration = Duration::from_millis(2500);
+
+/// The node (sidecar host) a client process runs on: processes are numbered
+/// `(host + 1) * 100 + client` (see `workload::run`).
+pub fn node_of(process: u32) -> u32 {
+    process / 100
 }
 
 /// One row of the summary table.
@@ -149,6 +170,9 @@ pub struct Report {
     /// Gets the store answered as a miss because the bytes failed their checksum (no bytes
     /// were returned: never an anomaly, but counted).
     pub corrupt_misses: usize,
+    /// Gets that returned a value replaced through another node shortly before, within
+    /// [`CheckInput::read_staleness`] (the object index's bound): not anomalies, counted.
+    pub stale_reads: usize,
     pub counters: Counters,
     /// Terms seen in the samples, and how many samples claimed a leader.
     pub terms_seen: usize,
@@ -198,7 +222,7 @@ impl Report {
             s,
             "leader claims: {} samples over {} terms; metad counters: evicted {}, \
              dead-node dropped {}; excused losses {}; indeterminate puts {} (later read: {}); \
-             checksum-mismatch misses {}",
+             checksum-mismatch misses {}; stale reads within the index's bound {}",
             self.claims,
             self.terms_seen,
             self.counters.evicted_objects,
@@ -206,7 +230,8 @@ impl Report {
             self.excused_losses,
             self.indeterminate_puts,
             self.indeterminate_puts_seen,
-            self.corrupt_misses
+            self.corrupt_misses,
+            self.stale_reads
         );
         for e in &self.indeterminate_seen_examples {
             let _ = writeln!(s, "  indeterminate put that took effect: {e}");
@@ -340,6 +365,8 @@ pub fn check(input: &CheckInput<'_>) -> Report {
         gone: &gone,
         by_write: &by_write,
         counters: input.counters,
+        staleness_us: input.read_staleness.map_or(0, |d| d.as_micros() as u64),
+        stale: RefCell::new(BTreeSet::new()),
     };
     let mut anomalies = Vec::new();
     let mut excused = BTreeSet::new();
@@ -374,6 +401,7 @@ pub fn check(input: &CheckInput<'_>) -> Report {
     let key_histories = histories_of(&anomalies, &by_key);
     let rows = table_rows(ops, input.windows, &anomalies, &recoveries);
     let (seen_count, seen_examples) = indeterminate_seen(ops, &by_write);
+    let stale_reads = ctx.stale.borrow().len();
     Report {
         rows,
         anomalies,
@@ -388,6 +416,7 @@ pub fn check(input: &CheckInput<'_>) -> Report {
             .iter()
             .filter(|o| matches!(o.result, OpResult::Ok(Reply::CorruptMiss { .. })))
             .count(),
+        stale_reads,
         counters: input.counters,
         terms_seen,
         claims,
@@ -401,9 +430,30 @@ struct DataCtx<'a> {
     gone: &'a BTreeSet<ReplicaLoc>,
     by_write: &'a HashMap<u64, &'a Op>,
     counters: Counters,
+    /// [`CheckInput::read_staleness`] in µs (0: none allowed).
+    staleness_us: u64,
+    /// Reads excused as stale (ids).
+    stale: RefCell<BTreeSet<usize>>,
 }
 
 impl DataCtx<'_> {
+    /// Whether `read` may be stale with respect to `change`: made through another node, and
+    /// begun within the staleness bound of `change`'s completion. Records it when so.
+    fn stale_within_bound(&self, read: &Op, change: &Op) -> bool {
+        let stale = self.within_bound(read, change);
+        if stale {
+            self.stale.borrow_mut().insert(read.id);
+        }
+        stale
+    }
+
+    /// [`Self::stale_within_bound`] without recording.
+    fn within_bound(&self, read: &Op, change: &Op) -> bool {
+        self.staleness_us > 0
+            && node_of(read.process) != node_of(change.process)
+            && read.invoke_us < change.complete_us.saturating_add(self.staleness_us)
+    }
+
     /// Why a loss of this acknowledged put is excused, if it is.
     fn excuse(&self, put: &Op) -> Option<String> {
         if self.counters.evicted_objects > 0 {
@@ -513,6 +563,9 @@ fn check_lost_puts(
                 _ => continue,
             };
             if remove_possible_within(removes, put.invoke_us, obs.complete_us) {
+                continue;
+            }
+            if kind == AnomalyKind::WrongRead && ctx.stale_within_bound(obs, put) {
                 continue;
             }
             if let Some(why) = ctx.excuse(put) {
@@ -636,10 +689,18 @@ fn check_reads(
         if !is_acked_put(put) {
             continue;
         }
-        if let Some(rm) = acked_removes
+        let removed_before: Vec<&Op> = acked_removes
             .iter()
-            .find(|r| r.invoke_us > put.complete_us && r.complete_us < get.invoke_us)
-        {
+            .map(|r| **r)
+            .filter(|r| r.invoke_us > put.complete_us && r.complete_us < get.invoke_us)
+            .collect();
+        let strict = removed_before.iter().find(|r| !ctx.within_bound(get, r));
+        if strict.is_none() {
+            if let Some(rm) = removed_before.first() {
+                ctx.stale_within_bound(get, rm);
+            }
+        }
+        if let Some(rm) = strict {
             flag(
                 AnomalyKind::ReadAfterRemove,
                 format!(
@@ -1035,6 +1096,7 @@ mod tests {
     #[derive(Default)]
     struct H {
         rec: Recorded,
+        staleness: Option<Duration>,
     }
 
     impl H {
@@ -1097,6 +1159,7 @@ mod tests {
                 counters,
                 recovery_limit: Duration::from_secs(10),
                 node_ttl: Some(Duration::from_secs(4)),
+                read_staleness: self.staleness,
             })
         }
     }
@@ -1220,6 +1283,61 @@ mod tests {
             kinds(&h.check_with(&[], counted)),
             vec![AnomalyKind::WrongRead]
         );
+    }
+
+    /// A remove through node 1 (process 101), then a get through `reader` at `t`.
+    fn read_after_remove(reader: u32, t: (u64, u64)) -> H {
+        let mut h = H {
+            staleness: Some(INDEX_READ_STALENESS),
+            ..H::default()
+        };
+        h.put(101, "k", 1, (0, 10), H::stored(1));
+        h.op(
+            101,
+            "k",
+            OpKind::Remove,
+            (20, 30),
+            OpResult::Ok(Reply::Removed(true)),
+        );
+        h.get(reader, "k", t, H::found(1));
+        h
+    }
+
+    #[test]
+    fn a_stale_index_read_through_another_node_is_counted_within_the_bound() {
+        let r = read_after_remove(201, (40, 50)).check();
+        assert!(r.passed(), "{r}");
+        assert_eq!(r.stale_reads, 1);
+        // The same history without the index's allowance is an anomaly.
+        let mut strict = read_after_remove(201, (40, 50));
+        strict.staleness = None;
+        assert_eq!(kinds(&strict.check()), vec![AnomalyKind::ReadAfterRemove]);
+    }
+
+    #[test]
+    fn a_stale_read_through_the_changing_node_or_past_the_bound_is_caught() {
+        // Read-your-writes: the node that removed the key never serves it again.
+        let same_node = read_after_remove(102, (40, 50)).check();
+        assert_eq!(kinds(&same_node), vec![AnomalyKind::ReadAfterRemove]);
+        assert_eq!(same_node.stale_reads, 0);
+        // Past the bound (2.5 s after the remove completed) another node is strict too.
+        let late = read_after_remove(201, (2600, 2610)).check();
+        assert_eq!(kinds(&late), vec![AnomalyKind::ReadAfterRemove]);
+        assert_eq!(late.stale_reads, 0);
+    }
+
+    #[test]
+    fn an_old_value_read_through_another_node_after_a_replacing_put_is_stale_not_wrong() {
+        let mut h = read_after_remove(201, (60, 70));
+        h.rec.ops.pop();
+        h.put(101, "k", 2, (40, 50), H::stored(1));
+        h.get(201, "k", (60, 70), H::found(1));
+        let r = h.check();
+        assert!(r.passed(), "{r}");
+        assert_eq!(r.stale_reads, 1);
+        // An absence is never an index's answer: a miss after an acknowledged put stays a loss.
+        h.get(301, "k", (80, 90), OpResult::Ok(Reply::NotFound));
+        assert_eq!(kinds(&h.check()), vec![AnomalyKind::LostAcknowledgedPut]);
     }
 
     #[test]
@@ -1453,6 +1571,7 @@ mod tests {
                 counters: Counters::default(),
                 recovery_limit: limit,
                 node_ttl: None,
+                read_staleness: None,
             })
         };
         let r = report(Duration::from_secs(10));

@@ -342,6 +342,7 @@ impl<W: Workload> Harness<W> {
             counters: self.cluster.counters(),
             recovery_limit: self.cfg.recovery_limit,
             node_ttl: Some(self.cfg.node_ttl),
+            read_staleness: self.workload.read_staleness(),
         });
         let logs = self.cluster.log_tails(40) + &self.workload.log_tails(40);
         Ok(RunOutcome {

@@ -573,6 +573,17 @@ impl Workload for SidecarWorkload {
         "sidecar"
     }
 
+    /// The sidecars run their object index (on by default) unless the launch turns it off.
+    fn read_staleness(&self) -> Option<std::time::Duration> {
+        let off = self
+            .cfg
+            .launch
+            .extra_args
+            .iter()
+            .any(|a| a == "--index=false");
+        (!off).then_some(crate::checker::INDEX_READ_STALENESS)
+    }
+
     async fn start_host(&self, ctx: HostCtx) -> Result<()> {
         let host = &ctx.host;
         if !self.cfg.launch.program.exists() {

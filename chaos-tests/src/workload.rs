@@ -116,6 +116,12 @@ pub trait Workload: Send + Sync + 'static {
         String::new()
     }
 
+    /// How stale a get through one node may be after a change made through another (the
+    /// sidecars' object index); `None`: every read is held to linearizability.
+    fn read_staleness(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Stops background tasks (heartbeats) at the end of the run.
     fn stop(&self) {}
 }

@@ -194,10 +194,14 @@ pub struct UpArgs {
     /// How long each process may take to stop after SIGTERM before it is killed
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = duration)]
     pub stop_timeout: Duration,
-    /// Start the sidecars with their object index (`regolith-sidecar --index`: exists and most
-    /// gets without a metad round trip; see docs/sidecar.md for what it trades)
-    #[arg(long)]
+    /// Start the sidecars with their object index (the default since it bounds staleness;
+    /// kept so that scripts that pass it still work)
+    #[arg(long, overrides_with = "no_index")]
     pub index: bool,
+    /// Start the sidecars without their object index (`regolith-sidecar --index=false`: every
+    /// exists and get asks metad; see docs/sidecar.md for what the index trades)
+    #[arg(long)]
+    pub no_index: bool,
     /// Mutual TLS everywhere: make a CA and a certificate per process in DIR/tls (new ones at
     /// every start) and run gRPC (clients and Raft) and the data plane over TLS
     #[arg(long)]

@@ -31,6 +31,8 @@ fn on(node: &str) -> ReplicateConfig {
 
 const EXISTS_BY_INDEX: &str =
     "regolith_sidecar_index_answers_total{op=\"exists\",source=\"index\"}";
+const EXISTS_BY_METAD: &str =
+    "regolith_sidecar_index_answers_total{op=\"exists\",source=\"metad\"}";
 const GETS_BY_INDEX: &str = "regolith_sidecar_index_answers_total{op=\"get\",source=\"index\"}";
 
 #[test]
@@ -53,16 +55,16 @@ fn exists_and_gets_come_from_the_index_and_a_put_is_visible_through_its_own_side
             "{k}: a get after the remove"
         );
     }
+    // Present keys are answered by the index; an absent one asks the leader (a put made
+    // through another node is never missed).
     let by_index = sidecar_metric(&c, 0, EXISTS_BY_INDEX);
-    assert!(by_index >= 80.0, "exists answered by the index: {by_index}");
+    let by_metad = sidecar_metric(&c, 0, EXISTS_BY_METAD);
+    assert!(by_index >= 40.0, "exists answered by the index: {by_index}");
+    assert!(by_metad >= 40.0, "absent keys asked of metad: {by_metad}");
     // Another node sees a put once its stream brings it, and reads it without metad.
     a.put("shared", &value("shared", 300_000), &on("node-a"))
         .unwrap();
-    wait_until(
-        "node-b's index to show the put",
-        Duration::from_secs(5),
-        || b.exists("shared").unwrap(),
-    );
+    wait_indexed(&c, 1, &b, "shared");
     let gets_before = sidecar_metric(&c, 1, GETS_BY_INDEX);
     for _ in 0..5 {
         assert!(b.get("shared").unwrap() == value("shared", 300_000));
@@ -81,13 +83,32 @@ fn exists_and_gets_come_from_the_index_and_a_put_is_visible_through_its_own_side
             metric(&text, "regolith_metad_accesses_reported_total").unwrap_or(0.0) >= 1.0
         },
     );
-    // Batches are answered from the index as one.
+    // A batch: its present key from the index, its absent ones in one call to the leader.
+    let (index_before, metad_before) = (
+        sidecar_metric(&c, 1, EXISTS_BY_INDEX),
+        sidecar_metric(&c, 1, EXISTS_BY_METAD),
+    );
     let keys: Vec<String> = (0..64).map(|i| format!("absent-{i}")).collect();
     let mut refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     refs.push("shared");
     let found = b.batch_exists(&refs).unwrap();
     assert_eq!(found.iter().filter(|x| **x).count(), 1);
     assert!(found[64]);
+    assert_eq!(sidecar_metric(&c, 1, EXISTS_BY_INDEX), index_before + 1.0);
+    assert_eq!(sidecar_metric(&c, 1, EXISTS_BY_METAD), metad_before + 64.0);
+}
+
+/// Waits until sidecar `i`'s index itself holds `key` (an exists of a key the index lacks is
+/// asked of the leader, so the answer alone does not say).
+fn wait_indexed(c: &Cluster, i: usize, client: &Client, key: &str) {
+    wait_until(
+        &format!("sidecar {i}'s index to hold {key}"),
+        Duration::from_secs(5),
+        || {
+            let before = sidecar_metric(c, i, EXISTS_BY_INDEX);
+            client.exists(key).unwrap() && sidecar_metric(c, i, EXISTS_BY_INDEX) > before
+        },
+    );
 }
 
 /// Freezes sidecar `i`'s index: it keeps answering from what it has while metad moves on.
@@ -140,11 +161,7 @@ fn stale_placement(
         .put(victim, &value(victim, 256 * 1024), &on(node))
         .unwrap();
     let r = c.client(reader);
-    wait_until(
-        "the reader's index to learn the victim",
-        Duration::from_secs(5),
-        || r.exists(victim).unwrap(),
-    );
+    wait_indexed(c, reader, &r, victim);
     let old = extents_on(c, victim, node);
     freeze(c, reader, true);
     writer.remove(victim).unwrap();
@@ -241,11 +258,7 @@ fn a_sidecar_resumes_its_index_after_a_leader_change_without_a_full_resync() {
         a.put(&format!("before-{i}"), &value("x", 1000), &on("node-a"))
             .unwrap();
     }
-    wait_until(
-        "node-b to index the first puts",
-        Duration::from_secs(5),
-        || b.exists("before-19").unwrap(),
-    );
+    wait_indexed(&c, 1, &b, "before-19");
     let resyncs = sidecar_metric(&c, 1, "regolith_sidecar_index_resyncs_total");
     let opened = sidecar_metric(&c, 1, "regolith_sidecar_index_reconnects_total");
     let leader = c.wait_leader(Duration::from_secs(5));
@@ -281,6 +294,7 @@ fn a_sidecar_resumes_its_index_after_a_leader_change_without_a_full_resync() {
             .iter()
             .all(|x| *x)
                 && sidecar_metric(&c, 1, "regolith_sidecar_index_synced ") == 1.0
+                && sidecar_metric(&c, 1, "regolith_sidecar_index_objects ") == 40.0
         },
     );
     assert!(b.exists("before-0").unwrap());
@@ -368,4 +382,44 @@ fn a_leader_serving_watch_streams_stops_promptly_on_sigterm() {
     // The sidecars follow the new leader.
     c.wait_leader(Duration::from_secs(20));
     wait_synced(&c, 1);
+}
+
+#[test]
+fn a_leader_cut_off_from_its_quorum_stops_its_watchers_answering_from_their_copies() {
+    use nix::sys::signal::Signal;
+    let c = Cluster::start_with(&["16MiB", "16MiB"], &[], &["--index"]);
+    wait_synced(&c, 0);
+    wait_synced(&c, 1);
+    let (a, b) = (c.client(0), c.client(1));
+    a.put("k", &value("k", 4096), &on("node-a")).unwrap();
+    wait_indexed(&c, 1, &b, "k");
+    let leader = c.wait_leader(Duration::from_secs(5));
+    let followers: Vec<usize> = (0..c.metad.len()).filter(|i| *i != leader).collect();
+    // The leader's process lives on, still streaming to its watchers, but can no longer
+    // confirm that it leads: its watchers' copies must stop answering (a new leader elsewhere
+    // could be acknowledging removes they would never see).
+    for &f in &followers {
+        c.metad[f].proc.signal(Signal::SIGSTOP);
+    }
+    let cut = Instant::now();
+    wait_until(
+        "node-b's index to stop answering",
+        Duration::from_secs(8),
+        || sidecar_metric(&c, 1, "regolith_sidecar_index_synced ") == 0.0,
+    );
+    eprintln!(
+        "the index stopped answering {:?} after the cut",
+        cut.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        sidecar_metric(&c, 1, "regolith_sidecar_index_synced "),
+        0.0,
+        "an unconfirmed leader's stream turned the index back on"
+    );
+    for &f in &followers {
+        c.metad[f].proc.signal(Signal::SIGCONT);
+    }
+    wait_synced(&c, 1);
+    assert!(b.exists("k").unwrap());
 }

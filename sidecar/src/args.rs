@@ -112,11 +112,19 @@ pub struct Args {
     /// Runtime worker threads (default: one per core).
     #[arg(long, env = "REGOLITH_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
-    /// Keep the object index (metadata at the node): exists and most gets are answered without
-    /// a metad round trip, at the price of cross-node freshness (another node's put or remove
-    /// shows once this node's watch stream brings it; docs/sidecar.md).
-    #[arg(long, env = "REGOLITH_INDEX", value_parser = clap::builder::BoolishValueParser::new())]
-    pub index: bool,
+    /// Keep the object index (metadata at the node; on by default, `--index=false` turns it
+    /// off): exists and most gets are answered without a metad round trip; a put or remove made
+    /// through another node may show up to 2 s late (docs/sidecar.md, "The object index").
+    #[arg(
+        long,
+        env = "REGOLITH_INDEX",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub index: Option<bool>,
     /// Enable test hooks on the metrics port (`POST /debug/close-nic?ip=IP` closes that NIC's
     /// data-plane listener and connections). For tests only.
     #[arg(long, hide = true, env = "REGOLITH_TEST_HOOKS")]
@@ -211,7 +219,7 @@ pub struct Settings {
     pub takeover_if_running: bool,
     pub after_handover: AfterHandover,
     pub drain_on_exit: bool,
-    /// Keep the object index fed by metad's watch stream (`--index`, default off).
+    /// Keep the object index fed by metad's watch stream (`--index`, default on).
     pub index: bool,
     pub drain_timeout: Duration,
     pub staging_size: u64,
@@ -489,7 +497,7 @@ impl Args {
                 || file.takeover_if_running.unwrap_or(false),
             after_handover,
             drain_on_exit: self.drain_on_exit || file.drain_on_exit.unwrap_or(false),
-            index: self.index || file.index.unwrap_or(false),
+            index: self.index.or(file.index).unwrap_or(true),
             drain_timeout: dur(
                 "drain-timeout",
                 self.drain_timeout.or(file.drain_timeout),
@@ -563,10 +571,14 @@ mod tests {
     }
 
     #[test]
-    fn the_index_is_off_unless_asked_for() {
+    fn the_index_is_on_unless_turned_off() {
         let m = ["--metad", "127.0.0.1:50051"];
-        assert!(!parse(&m).unwrap().index);
+        assert!(parse(&m).unwrap().index);
         assert!(parse(&[m[0], m[1], "--index"]).unwrap().index);
+        assert!(parse(&[m[0], m[1], "--index=true"]).unwrap().index);
+        assert!(!parse(&[m[0], m[1], "--index=false"]).unwrap().index);
+        assert!(!parse(&[m[0], m[1], "--index=0"]).unwrap().index);
+        assert!(parse(&[m[0], m[1], "--index=maybe"]).is_err());
     }
 
     #[test]

@@ -4,8 +4,14 @@
 //! The task keeps the last index its copy is complete up to and asks the leader to resume
 //! after it: across a reconnect or a leader change that costs no resync when the new leader's
 //! feed reaches back that far. The index answers only while it is *synced*: a stream is open,
-//! its last message (the leader sends one at least every 500 ms) is fresher than
-//! [`STALE_AFTER`], and no resync is under way; otherwise every exists and get asks metad.
+//! no resync is under way, and the leader's last guarantee is younger than [`STALE_AFTER`]
+//! (each message that brings the copy up to the leader's applied state carries the Unix time
+//! at which the leader confirmed its quorum lease, at least every 500 ms while idle: the copy
+//! then holds every change acknowledged before that time); otherwise every exists and get asks
+//! metad. So a read the index answers misses no change acknowledged more than [`STALE_AFTER`]
+//! before it, whatever node made it (changes made through this node show at once: the
+//! read-your-writes overrides), and a leader cut off from its quorum, or a stream delayed in
+//! the network, turns the index off instead of serving an old copy.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +29,8 @@ use crate::index::{Index, SegmentInfo};
 use crate::metrics::Metrics;
 use crate::ops::{Placement, Replica};
 
-/// The index stops answering when the stream has been silent this long.
+/// The index stops answering when the leader's last guarantee (see the module) is this old:
+/// the bound on how stale an answer of the index can be.
 pub const STALE_AFTER: Duration = Duration::from_millis(2000);
 /// Most accessed keys one heartbeat reports.
 pub const MAX_ACCESSES: usize = 16_384;
@@ -32,6 +39,9 @@ pub const MAX_ACCESSES: usize = 16_384;
 struct Health {
     /// When the last stream message arrived (None: no stream).
     last_message: Option<Instant>,
+    /// The copy holds every change acknowledged before this moment (the leader's last
+    /// guarantee, converted from Unix time); None: no guarantee yet on this stream.
+    current_as_of: Option<Instant>,
     resyncing: bool,
     /// The leader's last applied index, as the last message said.
     leader_applied: u64,
@@ -86,7 +96,9 @@ impl NodeIndex {
             return false;
         }
         let h = self.health.lock();
-        !h.resyncing && h.last_message.is_some_and(|t| t.elapsed() < STALE_AFTER)
+        !h.resyncing
+            && h.last_message.is_some()
+            && h.current_as_of.is_some_and(|t| t.elapsed() < STALE_AFTER)
     }
 
     /// Whether each key exists, when the index may answer.
@@ -185,7 +197,10 @@ impl NodeIndex {
         use mpb::watch_message::Kind;
         let kind = Kind::try_from(m.kind).unwrap_or(Kind::Changes);
         if self.frozen.load(Ordering::Acquire) {
-            self.health.lock().last_message = Some(Instant::now());
+            // The test hook keeps a lagging copy answering on purpose (it races reuse).
+            let mut h = self.health.lock();
+            h.last_message = Some(Instant::now());
+            h.current_as_of = Some(Instant::now());
             return self.applied();
         }
         let now = self.now_ms();
@@ -221,6 +236,9 @@ impl NodeIndex {
         drop(ix);
         let mut h = self.health.lock();
         h.last_message = Some(Instant::now());
+        if let Some(t) = guarantee_instant(m.as_of_unix_ms) {
+            h.current_as_of = Some(h.current_as_of.map_or(t, |c| c.max(t)));
+        }
         h.leader_applied = h.leader_applied.max(m.applied_index);
         let behind = !h.resyncing && applied < h.leader_applied;
         match (behind, h.behind_since) {
@@ -239,9 +257,23 @@ impl NodeIndex {
 
     /// The stream ended: the index stops answering until the next one catches up.
     fn disconnected(&self) {
-        self.health.lock().last_message = None;
+        let mut h = self.health.lock();
+        h.last_message = None;
+        h.current_as_of = None;
+        drop(h);
         self.metrics.index_synced.set(0);
     }
+}
+
+/// The leader's guarantee time (Unix ms) as an instant of this process's clock; None for no
+/// guarantee (0). A time in the future (clocks apart) counts as now.
+fn guarantee_instant(as_of_unix_ms: u64) -> Option<Instant> {
+    if as_of_unix_ms == 0 {
+        return None;
+    }
+    let age = regolith_proto::auth::unix_ms().saturating_sub(as_of_unix_ms);
+    let now = Instant::now();
+    Some(now.checked_sub(Duration::from_millis(age)).unwrap_or(now))
 }
 
 fn replica_of(r: mpb::Replica) -> Replica {
@@ -374,6 +406,10 @@ mod tests {
                 .collect(),
             applied_index: index,
             term: 1,
+            as_of_unix_ms: match kind {
+                Kind::Changes => regolith_proto::auth::unix_ms(),
+                _ => 0,
+            },
         }
     }
 
@@ -410,6 +446,8 @@ mod tests {
         ix.apply(msg(Kind::Snapshot, 7, vec![put("a", 1)]));
         assert_eq!(ix.exists(&keys), None, "mid-snapshot");
         assert_eq!(ix.apply(msg(Kind::SnapshotEnd, 7, vec![])), 7);
+        assert_eq!(ix.exists(&keys), None, "complete, but no guarantee yet");
+        assert_eq!(ix.apply(msg(Kind::Changes, 7, vec![])), 7);
         assert_eq!(ix.exists(&keys), Some(vec![true, false]));
         assert_eq!(ix.apply(msg(Kind::Changes, 9, vec![put("b", 2)])), 9);
         assert_eq!(ix.exists(&keys), Some(vec![true, true]));
@@ -418,6 +456,33 @@ mod tests {
         assert_eq!(p.replicas[0].data_addrs.len(), 1);
         ix.disconnected();
         assert_eq!(ix.exists(&keys), None, "a lost stream stops the answers");
+    }
+
+    #[test]
+    fn answers_stop_when_the_leaders_last_guarantee_is_too_old() {
+        let ix = NodeIndex::new(true, Metrics::new());
+        let keys = vec!["a".to_string()];
+        ix.apply(msg(Kind::Reset, 3, vec![seg()]));
+        ix.apply(msg(Kind::SnapshotEnd, 3, vec![put("a", 1)]));
+        let mut old = msg(Kind::Changes, 3, vec![]);
+        let stale_ms = STALE_AFTER.as_millis() as u64 + 100;
+        old.as_of_unix_ms = regolith_proto::auth::unix_ms() - stale_ms;
+        ix.apply(old);
+        assert_eq!(
+            ix.exists(&keys),
+            None,
+            "messages arrive, but their guarantee is old"
+        );
+        let mut none = msg(Kind::Changes, 4, vec![]);
+        none.as_of_unix_ms = 0;
+        ix.apply(none);
+        assert_eq!(
+            ix.exists(&keys),
+            None,
+            "a message without a guarantee renews nothing"
+        );
+        ix.apply(msg(Kind::Changes, 4, vec![]));
+        assert_eq!(ix.exists(&keys), Some(vec![true]));
     }
 
     #[test]

@@ -349,7 +349,7 @@ struct Up {
     token_file: PathBuf,
     bins: Binaries,
     segment_size: u64,
-    /// `--index` for every sidecar.
+    /// The sidecars' object index (`--no-index` turns it off).
     index: bool,
     ready_timeout: Duration,
     stop_timeout: Duration,
@@ -380,7 +380,7 @@ impl Up {
             token_file,
             bins,
             segment_size: args.segment_size,
-            index: args.index,
+            index: !args.no_index,
             ready_timeout: args.ready_timeout,
             stop_timeout: args.stop_timeout,
             child_verbose: u8::from(verbose >= 2),
@@ -518,11 +518,7 @@ impl Up {
                 metrics_addr: Some(s.metrics.to_string()),
                 tls: self.tls.as_ref().map(|t| t.files(&s.name)),
                 verbose: self.child_verbose,
-                extra: if self.index {
-                    vec!["--index".into()]
-                } else {
-                    vec![]
-                },
+                extra: vec![format!("--index={}", self.index).into()],
                 ..SidecarLaunch::default()
             };
             tracing::info!(name = %s.name, socket = %self.socket(&s.name).display(), "starting sidecar");
@@ -891,6 +887,7 @@ mod tests {
                 ready_timeout: Duration::from_secs(1),
                 stop_timeout: Duration::from_secs(1),
                 index: false,
+                no_index: false,
                 tls: false,
             },
             0,

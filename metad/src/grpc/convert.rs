@@ -337,5 +337,6 @@ pub fn watch_message(m: &WatchMessage, grants: &Grants) -> pb::WatchMessage {
         changes: m.changes.iter().map(|c| watch_change(c, grants)).collect(),
         applied_index: m.applied,
         term: m.term,
+        as_of_unix_ms: m.as_of_unix_ms,
     }
 }

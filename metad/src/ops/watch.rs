@@ -43,6 +43,9 @@ pub struct WatchMessage {
     /// This replica's last applied index when the message was made.
     pub applied: u64,
     pub term: u64,
+    /// Unix ms at which this replica confirmed its quorum lease before reading the state the
+    /// message brings the watcher up to; 0 when it brings no such guarantee.
+    pub as_of_unix_ms: u64,
 }
 
 /// Where a stream is.
@@ -89,12 +92,16 @@ impl Ops {
             Step::From(after)
         };
         let mut ahead_since: Option<tokio::time::Instant> = None;
+        // A message is owed to the watcher even without changes: after a snapshot (its copy
+        // becomes current) and on every idle tick (its proof that the copy still is).
+        let mut owed = false;
         loop {
             self.check_still_leader(term)?;
             let at = match step {
                 Step::Resync => {
                     self.metrics.watch_resyncs.inc();
                     step = Step::From(self.snapshot(term, tx).await?);
+                    owed = true;
                     continue;
                 }
                 Step::From(at) => at,
@@ -102,6 +109,7 @@ impl Ops {
             // Marks the current apply as seen before reading the feed, so that `changed` wakes
             // for any apply after this read.
             applied.borrow_and_update();
+            let as_of = self.confirm_lease().await?;
             let (since, applied_now) = {
                 let core = self.core.lock();
                 let feed = core.feed();
@@ -119,27 +127,39 @@ impl Ops {
                 }
                 Since::Changes { entries, upto } => {
                     ahead_since = None;
-                    let idle = entries.is_empty();
+                    let caught_up = upto >= applied_now;
                     let changes: Vec<Change> = entries
                         .iter()
                         .flat_map(|(_, c)| c.iter().cloned())
                         .collect();
-                    if !idle || upto != at {
-                        send(tx, Kind::Changes, upto, changes, applied_now, term).await?;
+                    if !changes.is_empty() || upto != at || owed {
+                        let fresh = if caught_up { as_of } else { 0 };
+                        send(tx, Kind::Changes, upto, changes, applied_now, term, fresh).await?;
+                        owed = false;
                     }
                     step = Step::From(upto);
-                    if upto >= applied_now {
-                        // Caught up: wait for the next apply, or say so when idle.
+                    if caught_up {
+                        // Wait for the next apply; when idle, the next round owes a message.
                         let woke = tokio::time::timeout(WATCH_IDLE_TICK, applied.changed()).await;
                         match woke {
                             Ok(Ok(())) => {}
                             Ok(Err(_)) => return Err(Error::Unavailable("shutting down".into())),
-                            Err(_) => send(tx, Kind::Changes, upto, vec![], upto, term).await?,
+                            Err(_) => owed = true,
                         }
                     }
                 }
             }
         }
+    }
+
+    /// Confirms this replica still leads (its quorum lease, else a quorum round) and answers
+    /// the Unix ms taken just before: every write acknowledged before then is in the state
+    /// applied here now. A leader cut off from its quorum fails here, so its watchers stop
+    /// answering from their copies instead of serving them stale for as long as the cut lasts.
+    async fn confirm_lease(&self) -> Result<u64> {
+        let as_of = regolith_proto::auth::unix_ms();
+        self.read().await?;
+        Ok(as_of)
     }
 
     /// Sends a full snapshot; answers the index the changes must resume after.
@@ -157,7 +177,7 @@ impl Ops {
                 .collect();
             (core.feed().last(), segments)
         };
-        send(tx, Kind::Reset, i0, segments, i0, term).await?;
+        send(tx, Kind::Reset, i0, segments, i0, term, 0).await?;
         for shard in 0..SHARDS {
             let objects: Vec<Change> = {
                 let core = self.core.lock();
@@ -172,12 +192,12 @@ impl Ops {
             let mut rest = objects;
             while !rest.is_empty() {
                 let tail = rest.split_off(rest.len().min(MAX_CHANGES_PER_MESSAGE));
-                send(tx, Kind::Snapshot, i0, rest, i0, term).await?;
+                send(tx, Kind::Snapshot, i0, rest, i0, term, 0).await?;
                 rest = tail;
             }
             self.check_still_leader(term)?;
         }
-        send(tx, Kind::SnapshotEnd, i0, vec![], i0, term).await?;
+        send(tx, Kind::SnapshotEnd, i0, vec![], i0, term, 0).await?;
         Ok(i0)
     }
 
@@ -202,6 +222,7 @@ async fn send(
     changes: Vec<Change>,
     applied: u64,
     term: u64,
+    as_of_unix_ms: u64,
 ) -> Result<()> {
     let m = WatchMessage {
         kind,
@@ -209,6 +230,7 @@ async fn send(
         changes,
         applied,
         term,
+        as_of_unix_ms,
     };
     tx.send(Ok(m))
         .await

@@ -13,15 +13,42 @@ fn check_count(n: usize) -> Outcome<()> {
     Ok(())
 }
 
-/// Whether each key exists: from the node's index while it is synced (a stale answer is
-/// harmless, the get that follows verifies), else from the leader. Never a lease (design §5).
+/// Whether each key exists. Keys the node's index holds (while it is synced) answer yes
+/// from it; the others, and all of them without the index, ask the leader: a put made through
+/// another node is never missed, only a remove made there may show up to the index's
+/// staleness bound late (a stale yes is harmless: the get that follows verifies). Never a
+/// lease (design §5).
 pub async fn exists(store: &Store, keys: Vec<String>) -> Outcome<Vec<bool>> {
     check_count(keys.len())?;
-    if let Some(found) = store.index.exists(&keys) {
-        store.count_answers("exists", "index", keys.len());
+    let Some(mut found) = store.index.exists(&keys) else {
+        store.count_answers("exists", "metad", keys.len());
+        return leader_exists(store, keys).await;
+    };
+    let absent: Vec<usize> = (0..keys.len()).filter(|&i| !found[i]).collect();
+    store.count_answers("exists", "index", keys.len() - absent.len());
+    if absent.is_empty() {
         return Ok(found);
     }
-    store.count_answers("exists", "metad", keys.len());
+    store.count_answers("exists", "metad", absent.len());
+    let asked = absent.iter().map(|&i| keys[i].clone()).collect();
+    let answers = leader_exists(store, asked).await?;
+    if answers.len() != absent.len() {
+        return Err(Failure::new(
+            Code::Internal,
+            format!(
+                "metad answered {} of {} exists",
+                answers.len(),
+                absent.len()
+            ),
+        ));
+    }
+    for (i, yes) in absent.into_iter().zip(answers) {
+        found[i] = yes;
+    }
+    Ok(found)
+}
+
+async fn leader_exists(store: &Store, keys: Vec<String>) -> Outcome<Vec<bool>> {
     store
         .metad
         .exists(keys)
