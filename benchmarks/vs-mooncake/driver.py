@@ -164,7 +164,7 @@ def run_regolith(a) -> tuple[dict, dict]:
                          "--base-port", str(REGOLITH_BASE_PORT),
                          "--metad-bin", str(rel / "regolith-metad"),
                          "--sidecar-bin", str(rel / "regolith-sidecar")]
-                        + (["--index"] if a.index else []))  # fmt: skip
+                        + (["--no-index"] if a.no_index else []))  # fmt: skip
         end = time.monotonic() + 120
         while READY not in (a.logdir / "regolith-up.log").read_text(errors="replace"):
             procs.check()
@@ -300,8 +300,8 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=2.0)
     p.add_argument("--filter", default="")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--index", action="store_true",
-                   help="Regolith's sidecars keep their object index (regolith up --index)")
+    p.add_argument("--no-index", action="store_true",
+                   help="Regolith's sidecars without their object index (regolith up --no-index)")
     p.add_argument("--commit", default="")
     p.add_argument("--command", default="")
     a = p.parse_args()

@@ -3,7 +3,7 @@
 # Mooncake Store's wheel and through Regolith's drop-in, in one run, with the ratios and the
 # machine's ceilings. See README.md beside this file.
 #
-#   benchmarks/vs-mooncake/run.sh [--json] [--quick] [--index] [--duration S] [--filter MODE/SIZE/OP,...]
+#   benchmarks/vs-mooncake/run.sh [--json] [--quick] [--no-index] [--duration S] [--filter MODE/SIZE/OP,...]
 #
 # Needs root (a network namespace of its own) and PyPI (Mooncake's wheel, maturin, numpy).
 # Builds what it needs in $CARGO_TARGET_DIR (default: the repository's target/): the release
@@ -22,13 +22,14 @@ while [ $# -gt 0 ]; do
     --quick) duration=0.3 ;;
     --duration) duration="$2"; shift ;;
     --filter) filter="$2"; shift ;;
-    --index) index="--index" ;;
+    --index) ;;  # the default since the index is on by default; kept for old scripts
+    --no-index) index="--no-index" ;;
     -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
-command="benchmarks/vs-mooncake/run.sh${json:+ --json}${index:+ --index}${filter:+ --filter $filter} (duration $duration s per row)"
+command="benchmarks/vs-mooncake/run.sh${json:+ --json}${index:+ --no-index}${filter:+ --filter $filter} (duration $duration s per row)"
 
 say() { printf '\n== %s (%s)\n' "$1" "$(date +%T)" >&2; }
 [ "$(id -u)" = 0 ] || { echo "run.sh needs root: it makes a network namespace (ip netns)" >&2; exit 2; }

@@ -26,6 +26,7 @@ pub trait NodeControl {
     fn crash_node(&self, host: &str) -> Result<()>;
     fn restart_node(&self, host: &str) -> Result<()>;
     fn upgrade_node(&self, host: &str) -> Result<String>;
+    fn freeze_index(&self, host: &str, on: bool) -> Result<String>;
     fn nic_traffic(&self, host: &str) -> Result<BTreeMap<String, u64>>;
 }
 
@@ -38,6 +39,9 @@ impl<W: crate::workload::Workload> NodeControl for W {
     }
     fn upgrade_node(&self, host: &str) -> Result<String> {
         crate::workload::Workload::upgrade_node(self, host)
+    }
+    fn freeze_index(&self, host: &str, on: bool) -> Result<String> {
+        crate::workload::Workload::freeze_index(self, host, on)
     }
     fn nic_traffic(&self, host: &str) -> Result<BTreeMap<String, u64>> {
         crate::workload::Workload::nic_traffic(self, host)
@@ -104,6 +108,10 @@ pub enum Fault {
     /// The sidecar of a host upgraded in place: a new process started with `--takeover`
     /// takes its segment over (same generation: nothing may be lost) while clients run.
     SidecarUpgrade { host: String },
+    /// The object index of a host's sidecar stops following metad while it keeps answering
+    /// (a lagging index: it misses removes made through other nodes); heal resyncs it. Held
+    /// below the index's staleness bound, which the checker then holds reads to.
+    IndexLag { host: String },
     /// Delay added by the proxies in front of the data ports.
     DataPortLatency { delay: Duration },
     /// A client on every sidecar host sending malformed and hostile frames to the sidecars'
@@ -130,6 +138,7 @@ impl Fault {
             Fault::NicCut { host, nic } => format!("nic-cut-{host}-eth{nic}"),
             Fault::SidecarCrash { host } => format!("sidecar-crash-{host}"),
             Fault::SidecarUpgrade { host } => format!("sidecar-upgrade-{host}"),
+            Fault::IndexLag { host } => format!("index-lag-{host}"),
             Fault::DataPortLatency { delay } => format!("data-latency-{}ms", delay.as_millis()),
             Fault::ByzantineClient => "byzantine-client".into(),
         }
@@ -153,6 +162,7 @@ impl Fault {
             Fault::NicCut { .. } => "nic-cut",
             Fault::SidecarCrash { .. } => "sidecar-crash",
             Fault::SidecarUpgrade { .. } => "sidecar-upgrade",
+            Fault::IndexLag { .. } => "index-lag",
             Fault::DataPortLatency { .. } => "data-latency",
             Fault::ByzantineClient => "byzantine-client",
         }
@@ -167,6 +177,7 @@ impl Fault {
                 | Fault::DataPortLatency { .. }
                 | Fault::ByzantineClient
                 | Fault::SidecarUpgrade { .. }
+                | Fault::IndexLag { .. }
         )
     }
 
@@ -189,6 +200,7 @@ impl Fault {
             Fault::MembershipChange => Box::new(MembershipChange),
             Fault::SidecarCrash { host } => Box::new(SidecarCrash { host }),
             Fault::SidecarUpgrade { host } => Box::new(SidecarUpgrade { host }),
+            Fault::IndexLag { host } => Box::new(IndexLag { host }),
             Fault::DataPortLatency { delay } => Box::new(DataPortLatency {
                 delay,
                 bytes_before: 0,
@@ -394,6 +406,22 @@ impl Nemesis for SidecarUpgrade {
     }
     fn heal(&mut self, _ctx: &mut FaultCtx<'_>) -> Result<String> {
         Ok("nothing to heal (the new process serves)".into())
+    }
+}
+
+struct IndexLag {
+    host: String,
+}
+
+impl Nemesis for IndexLag {
+    fn name(&self) -> String {
+        format!("index-lag-{}", self.host)
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        ctx.nodes.freeze_index(&self.host, true)
+    }
+    fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        ctx.nodes.freeze_index(&self.host, false)
     }
 }
 

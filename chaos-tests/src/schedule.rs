@@ -30,11 +30,17 @@ pub fn default_hold(fault: &Fault) -> Duration {
         | Fault::LeaderHandover
         | Fault::SidecarCrash { .. }
         | Fault::SidecarUpgrade { .. } => Duration::from_millis(2000),
+        // Below the index's staleness bound (2 s, and the checker's 2.5 s): a lag longer than
+        // that is what the bound exists to stop, and the checker would rightly flag it.
+        Fault::IndexLag { .. } => INDEX_LAG_HOLD,
         // Long enough for every probe kind to reach every daemon several times.
         Fault::ByzantineClient => Duration::from_millis(4000),
         _ => Duration::from_millis(3000),
     }
 }
+
+/// How long an index lag is held; never more, in any profile.
+pub const INDEX_LAG_HOLD: Duration = Duration::from_millis(1500);
 
 fn sidecar_host(rng: &mut StdRng) -> String {
     format!("s{}", rng.gen_range(1..=3))
@@ -67,6 +73,9 @@ fn every_fault(rng: &mut StdRng, data_plane: bool) -> Vec<Fault> {
             host: sidecar_host(rng),
         },
         Fault::SidecarUpgrade {
+            host: sidecar_host(rng),
+        },
+        Fault::IndexLag {
             host: sidecar_host(rng),
         },
         Fault::NicCut {
@@ -106,7 +115,10 @@ pub fn long(seed: u64, data_plane: bool) -> impl Iterator<Item = Step> {
         let faults = every_fault(&mut rng, data_plane);
         let fault = faults.choose(&mut rng)?.clone();
         let base = default_hold(&fault).as_millis() as u64;
-        let hold = Duration::from_millis(rng.gen_range(base / 2..=base * 2));
+        let mut hold = Duration::from_millis(rng.gen_range(base / 2..=base * 2));
+        if matches!(fault, Fault::IndexLag { .. }) {
+            hold = hold.min(INDEX_LAG_HOLD);
+        }
         Some(Step { fault, hold })
     })
 }
@@ -140,7 +152,12 @@ mod tests {
         let q = quick(1, false);
         assert_eq!(q.len(), 12);
         assert!(q.iter().all(|s| !s.fault.needs_data_plane()));
-        assert_eq!(quick(1, true).len(), 16);
+        assert_eq!(quick(1, true).len(), 17);
+        assert!(quick(1, true).iter().any(|s| s.fault.kind() == "index-lag"));
+        assert!(long(5, true)
+            .take(300)
+            .filter(|s| s.fault.kind() == "index-lag")
+            .all(|s| s.hold <= INDEX_LAG_HOLD));
         assert!(q.iter().any(|s| s.fault.kind() == "leader-handover"));
         assert!(quick(1, true)
             .iter()

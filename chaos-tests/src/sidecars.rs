@@ -167,6 +167,9 @@ impl SidecarConfig {
 pub struct SidecarStatus {
     pub node_id: u64,
     pub generation: u64,
+    /// metad declared `generation` gone and the sidecar is mounting a new one.
+    #[serde(default)]
+    pub generation_lost: bool,
     #[serde(default)]
     pub puts: u64,
     #[serde(default)]
@@ -272,6 +275,8 @@ struct Node {
     /// Set between a crash and the restart: clients fail at once.
     down: AtomicBool,
     segment: Mutex<Option<ReplicaLoc>>,
+    /// The last generation reported lost by the sidecar itself (reported once).
+    lost: Mutex<Option<ReplicaLoc>>,
     generations: Arc<Generations>,
     history: History,
     /// The host's runtime (inside its namespace), for HTTP to the sidecar.
@@ -329,12 +334,28 @@ impl Node {
                 node: old.node,
                 generation,
             };
+            if *self.lost.lock() == Some(loc) {
+                continue; // reported when the sidecar said so
+            }
             let why = format!(
                 "{}: {why}, now generation {}",
                 self.host.name, now.generation
             );
             self.gone(loc, why);
         }
+    }
+
+    /// The sidecar says metad dropped its generation `loc` and it is mounting a new one: the
+    /// objects there are gone now, even if the new mount takes long (a lost reply).
+    fn lost(&self, loc: ReplicaLoc) {
+        if self.lost.lock().replace(loc) == Some(loc) {
+            return;
+        }
+        let why = format!(
+            "{}: metad dropped it (the sidecar is mounting a new generation)",
+            self.host.name
+        );
+        self.gone(loc, why);
     }
 
     fn gone(&self, loc: ReplicaLoc, why: String) {
@@ -438,6 +459,9 @@ impl Node {
                     // A crash-restart in progress is recorded by the nemesis itself.
                     if !self.down.load(Ordering::Relaxed) {
                         self.observe(loc, "the sidecar remounted (metad asked it to)");
+                        if s.generation_lost {
+                            self.lost(loc);
+                        }
                     }
                 }
                 Err(e) => tracing::trace!(host = %self.host.name, error = %e, "status poll failed"),
@@ -600,6 +624,7 @@ impl Workload for SidecarWorkload {
             child: Mutex::new(None),
             down: AtomicBool::new(false),
             segment: Mutex::new(None),
+            lost: Mutex::new(None),
             generations: self.generations.clone(),
             history: ctx.history.clone(),
             rt: tokio::runtime::Handle::current(),
@@ -665,6 +690,24 @@ impl Workload for SidecarWorkload {
             "sidecar restarted"
         );
         Ok(())
+    }
+
+    fn freeze_index(&self, host: &str, on: bool) -> Result<String> {
+        let node = self.node(host)?;
+        let addr = node.metrics_addr.clone();
+        let path = format!("/debug/freeze-index?on={}", u8::from(on));
+        let answer = node.on_host(async move {
+            crate::status::http_request("POST", &addr, &path, Duration::from_secs(2)).await
+        })?;
+        match answer {
+            Ok((200, _)) if on => Ok(format!("the index of {host}'s sidecar frozen")),
+            Ok((200, _)) => Ok(format!("the index of {host}'s sidecar thawed (it resyncs)")),
+            Ok((code, body)) => Err(Error::Cluster(format!(
+                "{host}: freeze-index answered HTTP {code}: {}",
+                String::from_utf8_lossy(&body)
+            ))),
+            Err(e) => Err(Error::Cluster(format!("{host}: freeze-index: {e}"))),
+        }
     }
 
     fn upgrade_node(&self, host: &str) -> Result<String> {
@@ -1043,6 +1086,7 @@ mod tests {
             child: Mutex::new(None),
             down: AtomicBool::new(false),
             segment: Mutex::new(None),
+            lost: Mutex::new(None),
             generations: Arc::new(Generations::default()),
             history: history.clone(),
             rt: rt.handle().clone(),
@@ -1054,6 +1098,10 @@ mod tests {
         node.observe(loc(1), "started");
         node.observe(loc(1), "poll");
         node.observe(loc(4), "remount");
+        // Generation 4 dropped by metad while the new mount hangs: gone at once, once.
+        node.lost(loc(4));
+        node.lost(loc(4));
+        node.observe(loc(5), "remount");
         let gone: Vec<u64> = history
             .snapshot()
             .events
@@ -1063,7 +1111,7 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(gone, vec![1, 2, 3]);
-        assert_eq!(node.generations.snapshot().get(&4), Some(&4));
+        assert_eq!(gone, vec![1, 2, 3, 4]);
+        assert_eq!(node.generations.snapshot().get(&4), Some(&5));
     }
 }

@@ -77,12 +77,24 @@ pub fn parse_status(body: &[u8]) -> SampleResult {
 
 /// A minimal HTTP/1.1 GET (no client library needed, bounded in time and size).
 pub async fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<(u16, Vec<u8>), String> {
+    http_request("GET", addr, path, timeout).await
+}
+
+/// A minimal HTTP/1.1 request without a body (GET, or a test hook's POST).
+pub async fn http_request(
+    method: &str,
+    addr: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, Vec<u8>), String> {
     const MAX_BODY: usize = 1 << 20;
     let fut = async {
         let mut s = tokio::net::TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect {addr}: {e}"))?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
         s.write_all(req.as_bytes())
             .await
             .map_err(|e| format!("write: {e}"))?;

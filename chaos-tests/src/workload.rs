@@ -86,6 +86,16 @@ pub trait Workload: Send + Sync + 'static {
         )))
     }
 
+    /// Freezes (`on`) or thaws the object index of `host`'s sidecar (its test hook): frozen,
+    /// it keeps answering from a copy that no longer follows metad (a lagging index); thawed,
+    /// it resyncs.
+    fn freeze_index(&self, host: &str, _on: bool) -> Result<String> {
+        Err(Error::Config(format!(
+            "workload {} has no object index on {host}",
+            self.name()
+        )))
+    }
+
     /// Controls of the proxies in front of the sidecars' data ports (the data-port latency
     /// fault acts on them); none for a workload that moves no bytes.
     fn data_proxies(&self) -> Vec<Arc<crate::proxy::ProxyControl>> {

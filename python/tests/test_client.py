@@ -138,6 +138,13 @@ def test_remove_all(client, client_b, key):
     for k in ks:
         client.put(k, b"v")
     assert client_b.remove_all() >= 5
+    # Through the node that removed them: at once (read-your-writes).
+    assert client_b.batch_exists(ks) == [False] * 5
+    # Through another node: once its object index hears of it, which its 2 s staleness bound
+    # caps (docs/sidecar.md, "The object index"; milliseconds here).
+    end = time.monotonic() + 2.5
+    while client.batch_exists(ks) != [False] * 5 and time.monotonic() < end:
+        time.sleep(0.01)
     assert client.batch_exists(ks) == [False] * 5
 
 

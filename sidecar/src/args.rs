@@ -113,8 +113,9 @@ pub struct Args {
     #[arg(long, env = "REGOLITH_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
     /// Keep the object index (metadata at the node; on by default, `--index=false` turns it
-    /// off): exists and most gets are answered without a metad round trip; a put or remove made
-    /// through another node may show up to 2 s late (docs/sidecar.md, "The object index").
+    /// off): exists of present keys and most gets are answered without a metad round trip; a
+    /// remove made through another node may show up to 2 s late (docs/sidecar.md, "The object
+    /// index").
     #[arg(
         long,
         env = "REGOLITH_INDEX",

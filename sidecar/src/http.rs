@@ -27,6 +27,7 @@ pub fn status_json(side: &Sidecar) -> serde_json::Value {
         "node_name": side.settings.node_name,
         "node_id": side.node_id(),
         "generation": side.store.tracker.generation(),
+        "generation_lost": side.generation_lost.load(Ordering::Acquire),
         "segment_size": side.store.segment.len(),
         "segment_used": side.segment_used.load(Ordering::Relaxed),
         "clients": side.clients.load(Ordering::Relaxed),

@@ -45,6 +45,9 @@ pub struct Sidecar {
     pub shutting_down: AtomicBool,
     /// The segment was drained and unmounted gracefully: stays so until restart.
     pub retired: AtomicBool,
+    /// metad no longer knows this node's segment generation (declared dead, or replaced)
+    /// and the new one is not mounted yet: what the old one held is gone from the cluster.
+    pub generation_lost: AtomicBool,
     /// The data-plane server (none on a consumer-only node); taken at shutdown and while a
     /// hand-over to a successor process is under way.
     pub server: Mutex<Option<crate::transport::tcp::TcpServer>>,
@@ -226,6 +229,7 @@ impl Sidecar {
             generation = self.store.tracker.generation(),
             "metad does not know this segment generation: mounting a new one"
         );
+        self.generation_lost.store(true, Ordering::Release);
         match mount(
             &self.metad,
             &self.settings,
@@ -240,6 +244,7 @@ impl Sidecar {
                 m.apply_to(&self.store.tracker);
                 self.metrics.generation.set(m.generation as i64);
                 self.metrics.remounts.inc();
+                self.generation_lost.store(false, Ordering::Release);
                 tracing::info!(
                     node = m.node_id,
                     generation = m.generation,

@@ -282,6 +282,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         next_conn: AtomicU64::new(1),
         shutting_down: AtomicBool::new(false),
         retired: AtomicBool::new(false),
+        generation_lost: AtomicBool::new(false),
         server: Mutex::new(None),
         hb_gate: Arc::new(tokio::sync::Mutex::new(())),
     });

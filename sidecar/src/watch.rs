@@ -179,6 +179,8 @@ impl NodeIndex {
     pub fn freeze_for_test(&self, on: bool) {
         self.frozen.store(on, Ordering::Release);
         if !on {
+            // The lagging copy stops answering at once, not at the next message.
+            self.health.lock().current_as_of = None;
             self.resync.store(true, Ordering::Release);
         }
     }
