@@ -11,6 +11,8 @@
 //! * [`conn`] — one pipelined connection: hello, frames, replies routed by id.
 //! * [`reconnect`] — back-off between reconnection attempts to a sidecar that went away.
 //! * [`shm`] — mapped memfds (segment, staging, [`ShmBuffer`]) and the fused copy+hash.
+//! * [`share`] — registered caller memory moved onto a memfd in place, so that the sidecar
+//!   reads and writes it without a staging copy.
 //! * [`staging`] — windows of the staging area, one per request in flight.
 //! * `gather` — scatter/gather lists: objects put from, or read into, several pieces.
 //! * [`error`] — the crate's error enum.
@@ -25,6 +27,7 @@ pub mod conn;
 pub mod error;
 mod gather;
 pub mod reconnect;
+pub mod share;
 pub mod shm;
 pub mod staging;
 

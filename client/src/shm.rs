@@ -21,6 +21,9 @@ use crate::error::{Error, Result};
 pub struct Mapping {
     fd: OwnedFd,
     map: Option<MmapRaw>,
+    /// The start of caller memory moved onto this memfd ([`crate::share`]): mapped there by
+    /// the caller's range, never unmapped by us.
+    adopted: Option<usize>,
     len: u64,
 }
 
@@ -48,7 +51,22 @@ impl Mapping {
                     .map_err(|e| Error::Shm(format!("mapping the {what} ({len} bytes): {e}")))?,
             )
         };
-        Ok(Self { fd, map, len })
+        Ok(Self {
+            fd,
+            map,
+            adopted: None,
+            len,
+        })
+    }
+
+    /// The memfd that now backs the caller's `[start, start+len)` ([`crate::share`]).
+    pub(crate) fn adopted(fd: OwnedFd, start: usize, len: u64) -> Self {
+        Self {
+            fd,
+            map: None,
+            adopted: Some(start),
+            len,
+        }
     }
 
     /// Creates a memfd of `size` bytes, allocates its pages (no SIGBUS later), seals it against
@@ -90,6 +108,9 @@ impl Mapping {
 
     /// Base address (null when empty).
     pub fn base(&self) -> *mut u8 {
+        if let Some(start) = self.adopted {
+            return start as *mut u8;
+        }
         self.map
             .as_ref()
             .map(|m| m.as_mut_ptr())
@@ -256,5 +277,19 @@ impl ShmBuffer {
     /// Whether `[ptr, ptr+len)` lies inside this buffer; its offset if so.
     pub fn offset_of(&self, ptr: *const u8, len: usize) -> Option<u64> {
         self.inner.map.offset_of(ptr, len)
+    }
+
+    /// Whether this buffer is caller memory moved onto shared memory ([`crate::share`]).
+    pub fn is_adopted(&self) -> bool {
+        self.inner.map.adopted.is_some()
+    }
+
+    /// Moves adopted caller memory back onto private memory with the same bytes (the caller
+    /// unregistered it); answers whether it did. A no-op for other buffers.
+    pub fn restore_private(&self) -> bool {
+        match self.inner.map.adopted {
+            Some(start) => crate::share::restore_private(start, self.len()),
+            None => false,
+        }
     }
 }

@@ -13,6 +13,7 @@ use parking_lot::{Mutex, RwLock};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList};
 use pyo3::IntoPyObjectExt;
+use regolith_client::share::SharePolicy;
 use regolith_client::{pb, Client, ClientConfig, ShmBuffer};
 
 use crate::buffers::{Buffer, BufferHandle};
@@ -25,6 +26,8 @@ use crate::memory::{overlapping, PyBuf, Regions, Span, SpanMut};
 pub struct Shared {
     conn: RwLock<Option<Client>>,
     regions: Mutex<Regions>,
+    /// Per registered start address: None when its pages are shared, else why not.
+    sharing: Mutex<std::collections::HashMap<usize, Option<String>>>,
     next_buffer: AtomicU64,
 }
 
@@ -548,6 +551,7 @@ impl PyClient {
             shared: Arc::new(Shared {
                 conn: RwLock::new(Some(client)),
                 regions: Mutex::new(Regions::default()),
+                sharing: Mutex::default(),
                 next_buffer: AtomicU64::new(1),
             }),
             socket,
@@ -905,19 +909,54 @@ impl PyClient {
         Ok(())
     }
 
-    fn register_buffer(&self, address: usize, size: usize) -> PyResult<()> {
-        Ok(self.shared.regions.lock().register(address, size)?)
+    /// Declares `[address, address+size)` valid memory for address-based calls (Mooncake's
+    /// `register_buffer`). Where it is plain private memory of at least 1 MiB of whole pages,
+    /// and `REGOLITH_SHARE_REGISTERED` allows it, those pages are moved onto shared memory in
+    /// place (same addresses, same bytes) so that the sidecar reads and writes them with no
+    /// staging copy (`buffer_sharing` says whether they were, or why not). Do not write the
+    /// range from another thread during this call.
+    fn register_buffer(&self, py: Python<'_>, address: usize, size: usize) -> PyResult<()> {
+        let replaced = self.shared.regions.lock().register(address, size)?;
+        self.release_shared(py, replaced);
+        let policy = SharePolicy::from_env();
+        let shared = self.shared.clone();
+        let why = py.detach(move || shared.regions.lock().share(address, policy));
+        self.shared.sharing.lock().insert(address, why.err());
+        Ok(())
     }
 
-    fn unregister_buffer(&self, address: usize) -> PyResult<()> {
-        Ok(self.shared.regions.lock().unregister(address)?)
+    /// Forgets a registered range; its shared pages, if any, are unregistered from the sidecar
+    /// and moved back onto private memory with their bytes.
+    fn unregister_buffer(&self, py: Python<'_>, address: usize) -> PyResult<()> {
+        let shared = self.shared.regions.lock().unregister(address)?;
+        self.shared.sharing.lock().remove(&address);
+        self.release_shared(py, shared);
+        Ok(())
+    }
+
+    /// `"shared"` when the registered range at `address` was moved onto shared memory (gets
+    /// and puts on it take no staging copy), otherwise why not; None if nothing is registered
+    /// there.
+    fn buffer_sharing(&self, address: usize) -> Option<String> {
+        self.shared
+            .sharing
+            .lock()
+            .get(&address)
+            .map(|why| why.clone().unwrap_or_else(|| "shared".into()))
     }
 
     /// Closes the connection; later calls raise `ClosedError`. Buffers stay readable.
     fn close(&self, py: Python<'_>) {
         let conn = self.shared.conn.write().take();
-        let regions = self.shared.regions.lock().clear();
-        py.detach(move || drop((conn, regions)));
+        let (buffers, adopted) = self.shared.regions.lock().clear();
+        self.shared.sharing.lock().clear();
+        py.detach(move || {
+            // The sidecar unmaps what was registered on the connection when it closes.
+            drop((conn, buffers));
+            for buf in adopted {
+                buf.restore_private();
+            }
+        });
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -940,6 +979,19 @@ impl PyClient {
 }
 
 impl PyClient {
+    /// Unregisters shared registered pages from the sidecar and moves them back onto private
+    /// memory (best effort: a sidecar that is gone has unmapped them already).
+    fn release_shared(&self, py: Python<'_>, buf: Option<ShmBuffer>) {
+        let Some(buf) = buf else { return };
+        let c = self.shared.client().ok();
+        py.detach(move || {
+            if let Some(c) = c {
+                let _ = c.free_buffer(&buf);
+            }
+            buf.restore_private();
+        });
+    }
+
     fn put_target(
         &self,
         py: Python<'_>,

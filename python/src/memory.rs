@@ -13,6 +13,7 @@ use std::mem::MaybeUninit;
 
 use pyo3::ffi;
 use pyo3::prelude::*;
+use regolith_client::share::{share_range, SharePolicy, Shared};
 use regolith_client::{Dest, ShmBuffer, Source};
 
 use crate::error::{Error, Result};
@@ -225,6 +226,9 @@ pub struct Regions {
     shm: BTreeMap<u64, ShmBuffer>,
     /// Registered plain ranges: start → length.
     plain: BTreeMap<usize, usize>,
+    /// The whole pages of registered ranges moved onto shared memory
+    /// ([`regolith_client::share`]), by the registered start.
+    adopted: BTreeMap<usize, ShmBuffer>,
 }
 
 impl Regions {
@@ -236,39 +240,79 @@ impl Regions {
         self.shm.remove(&id)
     }
 
-    pub fn clear(&mut self) -> Vec<ShmBuffer> {
+    /// Forgets every range and buffer; answers the `alloc_buffer` buffers and the adopted
+    /// ranges (to restore once the connection is gone).
+    pub fn clear(&mut self) -> (Vec<ShmBuffer>, Vec<ShmBuffer>) {
         self.plain.clear();
-        std::mem::take(&mut self.shm).into_values().collect()
+        (
+            std::mem::take(&mut self.shm).into_values().collect(),
+            std::mem::take(&mut self.adopted).into_values().collect(),
+        )
+    }
+
+    /// Moves the whole pages of the registered range at `addr` onto shared memory, when the
+    /// policy and the memory allow it (`regolith_client::share`); otherwise answers why not. A
+    /// range that cannot be shared stays registered as plain memory (staging copies).
+    pub fn share(&mut self, addr: usize, policy: SharePolicy) -> std::result::Result<(), String> {
+        let Some(&len) = self.plain.get(&addr) else {
+            return Err("not registered".into());
+        };
+        if self.adopted.contains_key(&addr) {
+            return Ok(());
+        }
+        match share_range(addr, len, policy) {
+            Ok(Shared::Yes(buf)) => {
+                self.adopted.insert(addr, buf);
+                Ok(())
+            }
+            Ok(Shared::No(why)) => Err(why.into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Whether `addr` is the start of a registered range whose pages are shared.
+    pub fn is_shared(&self, addr: usize) -> bool {
+        self.adopted.contains_key(&addr)
     }
 
     /// Registers `[addr, addr+len)` (again: a second registration of a start address replaces
     /// the first).
-    pub fn register(&mut self, addr: usize, len: usize) -> Result<()> {
+    /// A shared range it replaced (registered again with another length) is answered, to be
+    /// unregistered from the sidecar and restored.
+    pub fn register(&mut self, addr: usize, len: usize) -> Result<Option<ShmBuffer>> {
         if addr == 0 || len == 0 || addr.checked_add(len).is_none() {
             return Err(Error::InvalidArgument(format!(
                 "cannot register {len} bytes at address {addr:#x}"
             )));
         }
-        self.plain.insert(addr, len);
-        Ok(())
+        let old = self.plain.insert(addr, len);
+        Ok(match old {
+            Some(n) if n != len => self.adopted.remove(&addr),
+            _ => None,
+        })
     }
 
-    pub fn unregister(&mut self, addr: usize) -> Result<()> {
-        self.plain.remove(&addr).map(|_| ()).ok_or_else(|| {
+    /// Answers the range's shared pages, if any, to unregister from the sidecar and restore.
+    pub fn unregister(&mut self, addr: usize) -> Result<Option<ShmBuffer>> {
+        self.plain.remove(&addr).ok_or_else(|| {
             Error::InvalidArgument(format!("no buffer is registered at address {addr:#x}"))
-        })
+        })?;
+        Ok(self.adopted.remove(&addr))
     }
 
     /// A shared-memory span when `[addr, addr+len)` lies inside one of our buffers.
     fn shm_span(&self, addr: usize, len: usize) -> Option<Span<'static>> {
-        self.shm.values().find_map(|buf| {
-            let offset = buf.offset_of(addr as *const u8, len)?;
-            Some(Span::Shm {
-                buf: buf.clone(),
-                offset: usize::try_from(offset).ok()?,
-                len,
+        self.shm
+            .values()
+            .chain(self.adopted.values())
+            .find_map(|buf| {
+                let offset = buf.offset_of(addr as *const u8, len)?;
+                Some(Span::Shm {
+                    buf: buf.clone(),
+                    offset: usize::try_from(offset).ok()?,
+                    len,
+                })
             })
-        })
     }
 
     fn plain_contains(&self, addr: usize, len: usize) -> bool {

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +76,7 @@ class Sidecar:
     name: str
     socket: Path
     pid: int
+    metrics: str = ""
 
 
 @dataclass
@@ -98,6 +100,14 @@ class Cluster:
         env = dict(os.environ)
         env["REGOLITH_SOCKET"] = self.socket(i)
         return env
+
+    def metric(self, i: int, series: str) -> float:
+        """The value of one series (name with its labels, as exposed) of sidecar `i`; 0 if absent."""
+        with urllib.request.urlopen(f"http://{self.sidecars[i].metrics}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(series + " "):
+                    return float(line.split()[-1])
+        return 0.0
 
     def run_python(self, script: str, i: int = 0) -> list[str]:
         """Runs `script` in a fresh Python process that uses sidecar `i`; its stdout, split."""
@@ -195,7 +205,10 @@ def _wait_ready(up: subprocess.Popen, log: Path, timeout: float) -> bool:
 def _describe(d: Path, up: subprocess.Popen, log: Path) -> Cluster:
     info = json.loads((d / "cluster.json").read_text())
     c = Cluster(d, Path(info["token_file"]), [m["grpc"] for m in info["metad"]], up, log)
-    c.sidecars = [Sidecar(s["name"], Path(s["socket"]), s["pid"]) for s in info["sidecars"]]
+    c.sidecars = [
+        Sidecar(s["name"], Path(s["socket"]), s["pid"], s.get("metrics", ""))
+        for s in info["sidecars"]
+    ]
     return c
 
 

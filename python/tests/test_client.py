@@ -6,6 +6,8 @@ import ctypes
 import hashlib
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -276,6 +278,94 @@ def test_registered_numpy_and_ctypes_buffers(client, client_b, key):
     client.unregister_buffer(ctypes.addressof(cbuf))
     with pytest.raises(regolith.InvalidArgumentError):
         client.get_into(k2, ctypes.addressof(cbuf), 20)
+
+
+PAGE = 4096
+REGISTER_SHM = 'regolith_sidecar_op_seconds_count{op="register_shm"}'
+
+
+def test_registered_memory_moves_onto_shared_memory_in_place(cluster, client, key):
+    """register_buffer moves the range's whole pages onto shared memory at the same address
+    with the same bytes; gets into it and puts from it then use that memory directly (the
+    sidecar maps it: one register_shm, no staging), and unregister_buffer moves it back."""
+    n = 4 * MiB
+    src = np.frombuffer(pattern(n + 2 * PAGE, seed=31), dtype=np.uint8).copy()
+    dst = np.zeros(n + 2 * PAGE, dtype=np.uint8)
+    before_src, src_addr = src.copy(), src.ctypes.data
+    client.register_buffer(src.ctypes.data, src.nbytes)
+    client.register_buffer(dst.ctypes.data, dst.nbytes)
+    assert client.buffer_sharing(src.ctypes.data) == "shared"
+    assert client.buffer_sharing(dst.ctypes.data) == "shared"
+    assert src.ctypes.data == src_addr and np.array_equal(src, before_src)
+
+    # Written through numpy after registration: that is what the put reads.
+    src[PAGE + 123] ^= 0xFF
+    off = PAGE  # whole pages lie inside [addr, addr + n + 2 pages) from here on
+    remote = regolith.ReplicateConfig()
+    remote.preferred_segment = "node-1"
+    k_remote, k_local = key(), key()
+    registered = cluster.metric(0, REGISTER_SHM)
+    client.put_from(k_remote, src.ctypes.data + off, n, remote)
+    client.put_from(k_local, src.ctypes.data + off, n)
+    assert cluster.metric(0, REGISTER_SHM) == registered + 1, "the put did not read shared memory"
+    assert client.get_into(k_remote, dst.ctypes.data + off, n) == n
+    assert cluster.metric(0, REGISTER_SHM) == registered + 2, "the get did not write shared memory"
+    assert np.array_equal(dst[off : off + n], src[off : off + n])
+    dst[off : off + n] = 0
+    assert client.get_into(k_local, dst.ctypes.data + off, n) == n
+    assert np.array_equal(dst[off : off + n], src[off : off + n])
+    # A destination that reaches into a partial page still works (through staging).
+    assert client.get_into(k_local, dst.ctypes.data + 8, n) == n
+    assert np.array_equal(dst[8 : 8 + n], src[off : off + n])
+
+    # Back onto private memory with every byte; the range is plain memory again.
+    kept = dst.copy()
+    client.unregister_buffer(dst.ctypes.data)
+    assert client.buffer_sharing(dst.ctypes.data) is None
+    assert np.array_equal(dst, kept)
+    dst[:] = 7
+    assert int(dst.sum()) == 7 * dst.nbytes
+    client.register_buffer(dst.ctypes.data, dst.nbytes)
+    assert client.buffer_sharing(dst.ctypes.data) == "shared"
+    assert client.get_into(k_remote, dst.ctypes.data + off, n) == n
+    assert np.array_equal(dst[off : off + n], src[off : off + n])
+
+
+def test_registered_memory_stays_private_where_it_must(cluster, client, key):
+    """Small ranges, memory that is already shared, and REGOLITH_SHARE_REGISTERED=0 keep the
+    staging path, and still work."""
+    import mmap
+
+    small = np.zeros(64 * 1024, dtype=np.uint8)
+    client.register_buffer(small.ctypes.data, small.nbytes)
+    assert client.buffer_sharing(small.ctypes.data) != "shared"
+    m = mmap.mmap(-1, 4 * MiB)  # MAP_SHARED
+    view = np.frombuffer(m, dtype=np.uint8)
+    client.register_buffer(view.ctypes.data, view.nbytes)
+    assert client.buffer_sharing(view.ctypes.data) == "not plain private anonymous memory"
+    k = key()
+    client.put(k, pattern(MiB, seed=3))
+    assert client.get_into(k, view.ctypes.data, MiB) == MiB
+    assert bytes(view[:MiB]) == pattern(MiB, seed=3)
+    client.unregister_buffer(view.ctypes.data)
+    del view
+    m.close()
+    env = cluster.env(0)
+    env["REGOLITH_SHARE_REGISTERED"] = "0"
+    script = textwrap.dedent(f"""
+        import hashlib, numpy as np, regolith
+        c = regolith.Client()
+        a = np.zeros(8 << 20, dtype=np.uint8)
+        c.register_buffer(a.ctypes.data, a.nbytes)
+        print(c.buffer_sharing(a.ctypes.data).replace(" ", "_"))
+        print(c.get_into({k!r}, a.ctypes.data + 4096, {MiB}))
+        print(hashlib.sha256(bytes(a[4096:4096 + {MiB}])).hexdigest())
+    """)
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split()
+    want = hashlib.sha256(pattern(MiB, seed=3)).hexdigest()
+    assert out == ["REGOLITH_SHARE_REGISTERED=0", str(MiB), want]
 
 
 def test_bad_pointers_are_refused(client, key):
