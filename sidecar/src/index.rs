@@ -20,7 +20,7 @@
 //! first (its message can overtake the RPC's reply): what it removed recently is remembered
 //! for [`OVERRIDE_MS`], and an override the stream already passed is not made.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 
 use hashbrown::HashTable;
@@ -91,8 +91,12 @@ pub struct Index {
     slots: HashMap<(u64, u64), u32>,
     free_slots: Vec<u32>,
     overrides: HashMap<String, (Override, u64)>,
+    /// (when, key) of each override made, oldest first: expiry looks only at the front.
+    override_times: VecDeque<(u64, String)>,
     /// Keys the stream removed lately: the version removed and when.
     removed_lately: HashMap<String, (Version, u64)>,
+    /// (when, key) of each entry of `removed_lately`, oldest first.
+    removed_times: VecDeque<(u64, String)>,
     /// This node removed everything (at this time) and the stream has not shown it yet: the
     /// stream's objects are hidden until it does.
     hidden_since: Option<u64>,
@@ -113,7 +117,9 @@ impl Index {
             slots: HashMap::new(),
             free_slots: Vec::new(),
             overrides: HashMap::new(),
+            override_times: VecDeque::new(),
             removed_lately: HashMap::new(),
+            removed_times: VecDeque::new(),
             hidden_since: None,
             applied: 0,
         }
@@ -311,11 +317,11 @@ impl Index {
         }
         if let Some(v) = gone {
             if self.removed_lately.len() >= RECENT_REMOVALS {
-                self.removed_lately
-                    .retain(|_, (_, at)| now_ms.saturating_sub(*at) <= OVERRIDE_MS);
+                self.expire_removals(now_ms);
             }
             if self.removed_lately.len() < RECENT_REMOVALS {
                 self.removed_lately.insert(key.to_string(), (v, now_ms));
+                self.removed_times.push_back((now_ms, key.to_string()));
             }
         }
         self.delete(key);
@@ -344,25 +350,18 @@ impl Index {
             self.overrides.remove(key);
             return;
         }
-        self.overrides
-            .insert(key.to_string(), (Override::Put(p), now_ms));
+        self.set_override(key, Override::Put(p), now_ms);
     }
 
     /// A remove this node's client made found and removed the key.
     pub fn local_remove(&mut self, key: &str, now_ms: u64) {
         match self.visible_version(key) {
-            Some(v) => {
-                self.overrides
-                    .insert(key.to_string(), (Override::Removed(Some(v)), now_ms));
-            }
+            Some(v) => self.set_override(key, Override::Removed(Some(v)), now_ms),
             // Nothing visible: the stream removed it already, or never showed it.
             None if self.removed_lately.contains_key(key) => {
                 self.overrides.remove(key);
             }
-            None => {
-                self.overrides
-                    .insert(key.to_string(), (Override::Removed(None), now_ms));
-            }
+            None => self.set_override(key, Override::Removed(None), now_ms),
         }
     }
 
@@ -370,11 +369,18 @@ impl Index {
     /// counts until the stream shows it too.
     pub fn local_remove_all(&mut self, now_ms: u64) {
         self.overrides.clear();
+        self.override_times.clear();
         self.hidden_since = Some(now_ms);
     }
 
-    /// Drops overrides older than [`OVERRIDE_MS`]; after a resync, also puts the snapshot
-    /// already shows.
+    fn set_override(&mut self, key: &str, o: Override, now_ms: u64) {
+        self.overrides.insert(key.to_string(), (o, now_ms));
+        self.override_times.push_back((now_ms, key.to_string()));
+    }
+
+    /// Drops overrides and remembered removals older than [`OVERRIDE_MS`]. Runs with every
+    /// stream message, so it looks only at the oldest (an override the stream confirmed ended
+    /// when its change was applied: `stream_put`, `stream_remove`).
     pub fn expire_overrides(&mut self, now_ms: u64) {
         if self
             .hidden_since
@@ -382,21 +388,30 @@ impl Index {
         {
             self.hidden_since = None;
         }
-        let mut confirmed = Vec::new();
-        self.removed_lately
-            .retain(|_, (_, at)| now_ms.saturating_sub(*at) <= OVERRIDE_MS);
-        for (k, (o, at)) in &self.overrides {
-            let old = now_ms.saturating_sub(*at) > OVERRIDE_MS;
-            let shown = match o {
-                Override::Put(p) => self.indexed_version(k).is_some_and(|v| v >= p.version),
-                Override::Removed(_) => false,
-            };
-            if old || shown {
-                confirmed.push(k.clone());
+        while let Some((at, _)) = self.override_times.front() {
+            if now_ms.saturating_sub(*at) <= OVERRIDE_MS {
+                break;
+            }
+            if let Some((at, key)) = self.override_times.pop_front() {
+                // Only the override made then: the key may have a newer one.
+                if self.overrides.get(&key).is_some_and(|(_, t)| *t == at) {
+                    self.overrides.remove(&key);
+                }
             }
         }
-        for k in confirmed {
-            self.overrides.remove(&k);
+        self.expire_removals(now_ms);
+    }
+
+    fn expire_removals(&mut self, now_ms: u64) {
+        while let Some((at, _)) = self.removed_times.front() {
+            if now_ms.saturating_sub(*at) <= OVERRIDE_MS {
+                break;
+            }
+            if let Some((at, key)) = self.removed_times.pop_front() {
+                if self.removed_lately.get(&key).is_some_and(|(_, t)| *t == at) {
+                    self.removed_lately.remove(&key);
+                }
+            }
         }
     }
 
@@ -682,6 +697,28 @@ mod tests {
         assert_eq!(ix.overrides(), 1, "the put is confirmed, the remove is not");
         ix.expire_overrides(OVERRIDE_MS + 1);
         assert_eq!(ix.overrides(), 0);
+    }
+
+    #[test]
+    fn an_override_made_again_outlives_the_expiry_of_the_first() {
+        let mut ix = index();
+        ix.local_put("k", placement(1, &[1], &[(0, 10)]), 0);
+        ix.local_remove("k", OVERRIDE_MS / 2);
+        ix.expire_overrides(OVERRIDE_MS + 1);
+        assert_eq!(ix.overrides(), 1, "the remove made later still holds");
+        assert!(!ix.contains("k"));
+        ix.expire_overrides(OVERRIDE_MS / 2 + OVERRIDE_MS + 1);
+        assert_eq!(ix.overrides(), 0);
+        // Stream removals are remembered for as long, with the same rule.
+        ix.segment_up(seg(1));
+        ix.stream_put("r", &placement(2, &[1], &[(0, 10)]));
+        ix.stream_remove("r", 20_000);
+        ix.expire_overrides(20_000 + OVERRIDE_MS);
+        ix.local_put("r", placement(2, &[1], &[(0, 10)]), 20_000 + OVERRIDE_MS);
+        assert_eq!(ix.overrides(), 0, "the stream removed that put already");
+        ix.expire_overrides(20_001 + OVERRIDE_MS);
+        ix.local_put("r", placement(2, &[1], &[(0, 10)]), 20_001 + OVERRIDE_MS);
+        assert_eq!(ix.overrides(), 1, "the removal is forgotten once it is old");
     }
 
     #[test]
