@@ -2,9 +2,10 @@
 //! on a private runtime; calls from several threads proceed concurrently.
 //!
 //! The calling thread polls its call itself ([`Client::wait`]) and, while the reply is not
-//! there yet, spins briefly before it sleeps: a sidecar answers an exists or a local get in
-//! tens of microseconds, and waking a sleeping thread on an idle core costs about as much
-//! again. `REGOLITH_CLIENT_SPIN_US` sets the spin (default 200; 0: sleep at once).
+//! there yet, keeps polling it (which reads the socket: [`crate::conn`]) for a short spin
+//! before it sleeps: a sidecar answers an exists or a local get in tens of microseconds, and
+//! waking a sleeping thread on an idle core costs about as much again. `REGOLITH_CLIENT_SPIN_US`
+//! sets the spin (default 200; 0: sleep at once).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,11 +59,23 @@ impl Client {
         let waker = Waker::from(signal.clone());
         let mut cx = Context::from_waker(&waker);
         let spin = spin();
+        let mut spinning_since = Instant::now();
         loop {
             if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
                 return out;
             }
-            signal.wait(spin);
+            if signal.woken.swap(false, Ordering::AcqRel) {
+                spinning_since = Instant::now();
+                continue;
+            }
+            // While it spins, the thread polls its call again and again: a call waiting for a
+            // reply reads the socket itself (`conn`), so the reply needs no other thread.
+            if spinning_since.elapsed() < spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            signal.wait(Duration::ZERO);
+            spinning_since = Instant::now();
         }
     }
 

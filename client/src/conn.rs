@@ -1,12 +1,17 @@
 //! One connection to the sidecar: the hello (which brings the segment and staging memfds), then
-//! pipelined requests answered by id. A reader task routes replies to their waiters; writes are
-//! serialized by a lock on the write side.
+//! pipelined requests answered by id. Replies are read and routed to their waiters by whoever
+//! gets there first: a reader task, or a caller polling for its own reply (the blocking client
+//! polls while it spins, so a reply it reads itself costs no wake-up of the reader's thread).
+//! Writes are serialized by a lock on the write side.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -22,12 +27,88 @@ use crate::error::{Error, Result};
 
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Frame>>>>>;
 
+/// The read side: what was read and not yet routed, shared by the reader task and callers.
+struct Rx {
+    sock: Arc<UnixStream>,
+    state: Mutex<RxState>,
+    waiters: Waiters,
+    alive: Arc<AtomicBool>,
+}
+
+struct RxState {
+    codec: FrameCodec,
+    buf: Vec<u8>,
+}
+
+/// What one pass over the socket found.
+enum Pumped {
+    /// Nothing more to read now.
+    Idle,
+    /// Another reader holds the read side.
+    Busy,
+    /// The connection is finished (why).
+    Closed(String),
+}
+
+impl Rx {
+    /// Reads what the socket has without waiting and routes every complete reply. The reader
+    /// task (`task`) waits for the read side and reads through the runtime, so that a read
+    /// that finds nothing clears the readiness it waits on; a caller gives up at once if the
+    /// read side is busy, and reads the socket directly (the runtime's readiness lags until
+    /// its I/O thread wakes up).
+    fn pump(&self, task: bool) -> Pumped {
+        let mut st = if task {
+            self.state.lock()
+        } else {
+            match self.state.try_lock() {
+                Some(st) => st,
+                None => return Pumped::Busy,
+            }
+        };
+        let RxState { codec, buf } = &mut *st;
+        loop {
+            loop {
+                match codec.next_frame() {
+                    Ok(Some(f)) => {
+                        if let Some(tx) = self.waiters.lock().remove(&f.request_id) {
+                            let _ = tx.send(Ok(f));
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => return Pumped::Closed(format!("bad frame from the sidecar: {e}")),
+                }
+            }
+            let read = if task {
+                self.sock
+                    .try_io(tokio::io::Interest::READABLE, || read_now(&self.sock, buf))
+            } else {
+                read_now(&self.sock, buf)
+            };
+            match read {
+                Ok(0) => return Pumped::Closed("the sidecar closed the connection".into()),
+                Ok(n) => codec.feed(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Pumped::Idle,
+                Err(e) => return Pumped::Closed(format!("{e}")),
+            }
+        }
+    }
+
+    /// Marks the connection dead and fails every waiter.
+    fn close(&self, why: &str) {
+        self.alive.store(false, Ordering::Release);
+        for (_, tx) in self.waiters.lock().drain() {
+            let _ = tx.send(Err(Error::Disconnected(why.to_string())));
+        }
+    }
+}
+
 pub struct Conn {
     sock: Arc<UnixStream>,
     write: tokio::sync::Mutex<()>,
     next_id: AtomicU64,
     waiters: Waiters,
     alive: Arc<AtomicBool>,
+    rx: Arc<Rx>,
     reader: tokio::task::JoinHandle<()>,
     pub path: PathBuf,
 }
@@ -112,18 +193,23 @@ impl Conn {
         let sock = Arc::new(sock);
         let waiters: Waiters = Arc::new(Mutex::new(HashMap::new()));
         let alive = Arc::new(AtomicBool::new(true));
-        let reader = tokio::spawn(read_loop(
-            sock.clone(),
-            codec,
-            waiters.clone(),
-            alive.clone(),
-        ));
+        let rx = Arc::new(Rx {
+            sock: sock.clone(),
+            state: Mutex::new(RxState {
+                codec,
+                buf: vec![0u8; 256 * 1024],
+            }),
+            waiters: waiters.clone(),
+            alive: alive.clone(),
+        });
+        let reader = tokio::spawn(read_loop(rx.clone()));
         let conn = Arc::new(Conn {
             sock,
             write: tokio::sync::Mutex::new(()),
             next_id: AtomicU64::new(1),
             waiters,
             alive,
+            rx,
             reader,
             path: path.to_path_buf(),
         });
@@ -169,7 +255,8 @@ impl Conn {
             self.alive.store(false, Ordering::Release);
             return Err(Error::Disconnected(format!("sending {}: {e}", op.name())));
         }
-        let frame = rx
+        let frame = self
+            .reply(rx)
             .await
             .map_err(|_| Error::Disconnected("the sidecar closed the connection".into()))??;
         if frame.opcode == Op::Error as u16 {
@@ -214,38 +301,56 @@ impl Conn {
     }
 }
 
-async fn read_loop(
-    sock: Arc<UnixStream>,
-    mut codec: FrameCodec,
-    waiters: Waiters,
-    alive: Arc<AtomicBool>,
-) {
-    let mut buf = vec![0u8; 256 * 1024];
-    let why = 'outer: loop {
-        loop {
-            match codec.next_frame() {
-                Ok(Some(f)) => {
-                    if let Some(tx) = waiters.lock().remove(&f.request_id) {
-                        let _ = tx.send(Ok(f));
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => break 'outer format!("bad frame from the sidecar: {e}"),
+impl Conn {
+    /// Waits for a reply; each poll that finds it missing first reads the socket itself, if
+    /// no other reader is at it (see the module docs).
+    async fn reply(
+        &self,
+        mut rx: oneshot::Receiver<Result<Frame>>,
+    ) -> std::result::Result<Result<Frame>, oneshot::error::RecvError> {
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = Pin::new(&mut rx).poll(cx) {
+                return Poll::Ready(r);
             }
+            match self.rx.pump(false) {
+                Pumped::Idle | Pumped::Busy => {}
+                // The reader task sees the same end and fails the waiters.
+                Pumped::Closed(why) => self.rx.close(&why),
+            }
+            Pin::new(&mut rx).poll(cx)
+        })
+        .await
+    }
+}
+
+async fn read_loop(rx: Arc<Rx>) {
+    let why = loop {
+        match rx.pump(true) {
+            Pumped::Idle | Pumped::Busy => {}
+            Pumped::Closed(why) => break why,
         }
-        if let Err(e) = sock.readable().await {
+        if let Err(e) = rx.sock.readable().await {
             break format!("{e}");
         }
-        match sock.try_read(&mut buf) {
-            Ok(0) => break "the sidecar closed the connection".to_string(),
-            Ok(n) => codec.feed(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => break format!("{e}"),
-        }
     };
-    alive.store(false, Ordering::Release);
-    for (_, tx) in waiters.lock().drain() {
-        let _ = tx.send(Err(Error::Disconnected(why.clone())));
+    rx.close(&why);
+}
+
+/// One non-blocking `read` of the socket (its descriptor is non-blocking).
+fn read_now(sock: &UnixStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `buf` is writable for its length; the descriptor is the open socket.
+    let n = unsafe {
+        nix::libc::read(
+            sock.as_raw_fd(),
+            buf.as_mut_ptr() as *mut nix::libc::c_void,
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }
 

@@ -100,6 +100,10 @@ pub struct Args {
     /// Requests one client connection may have in flight.
     #[arg(long, env = "REGOLITH_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<u32>,
+    /// After each request, how long (µs) a client connection keeps polling for the next one
+    /// before it sleeps: a back-to-back request then costs no wake-up. 0 sleeps at once.
+    #[arg(long, env = "REGOLITH_UDS_SPIN_US")]
+    pub uds_spin_us: Option<u64>,
     /// Client connections served at once on the socket; more are refused with BUSY.
     #[arg(long, env = "REGOLITH_MAX_CLIENTS")]
     pub max_clients: Option<usize>,
@@ -143,6 +147,11 @@ pub struct Args {
     pub log_format: Option<String>,
 }
 
+/// Default of `--uds-spin-us`.
+pub const DEFAULT_UDS_SPIN_US: u64 = 50;
+/// Largest `--uds-spin-us`.
+pub const MAX_UDS_SPIN_US: u64 = 1_000;
+
 #[derive(Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
@@ -170,6 +179,7 @@ pub struct FileConfig {
     pub drain_timeout: Option<String>,
     pub staging_size: Option<String>,
     pub max_in_flight: Option<u32>,
+    pub uds_spin_us: Option<u64>,
     pub max_clients: Option<usize>,
     pub transfer_timeout: Option<String>,
     pub huge_pages: Option<String>,
@@ -225,6 +235,8 @@ pub struct Settings {
     pub drain_timeout: Duration,
     pub staging_size: u64,
     pub max_in_flight: u32,
+    /// See `--uds-spin-us`.
+    pub uds_spin: Duration,
     pub max_clients: usize,
     pub transfer_timeout: Duration,
     pub huge_pages: HugePages,
@@ -453,6 +465,15 @@ impl Args {
         if max_in_flight == 0 {
             return Err(cfg("--max-in-flight must be at least 1".into()));
         }
+        let uds_spin_us = self
+            .uds_spin_us
+            .or(file.uds_spin_us)
+            .unwrap_or(DEFAULT_UDS_SPIN_US);
+        if uds_spin_us > MAX_UDS_SPIN_US {
+            return Err(cfg(format!(
+                "--uds-spin-us {uds_spin_us}: at most {MAX_UDS_SPIN_US} (spinning longer only burns a core)"
+            )));
+        }
         let max_clients = self.max_clients.or(file.max_clients).unwrap_or(1024);
         if max_clients == 0 {
             return Err(cfg("--max-clients must be at least 1".into()));
@@ -506,6 +527,7 @@ impl Args {
             )?,
             staging_size,
             max_in_flight,
+            uds_spin: Duration::from_micros(uds_spin_us),
             max_clients,
             transfer_timeout: dur(
                 "transfer-timeout",
@@ -618,6 +640,16 @@ mod tests {
     }
 
     #[test]
+    fn the_uds_spin_defaults_to_50_us_and_0_turns_it_off() {
+        let s = parse(&["--metad", "h:1"]).unwrap();
+        assert_eq!(s.uds_spin, Duration::from_micros(DEFAULT_UDS_SPIN_US));
+        let s = parse(&["--metad", "h:1", "--uds-spin-us", "0"]).unwrap();
+        assert_eq!(s.uds_spin, Duration::ZERO);
+        let s = parse(&["--metad", "h:1", "--uds-spin-us", "1000"]).unwrap();
+        assert_eq!(s.uds_spin, Duration::from_micros(1000));
+    }
+
+    #[test]
     fn bad_values_name_the_flag() {
         for (args, flag) in [
             (vec!["--metad", "h:1", "--slice-size", "100"], "slice-size"),
@@ -631,6 +663,11 @@ mod tests {
                 vec!["--metad", "h:1", "--huge-pages", "maybe"],
                 "huge-pages",
             ),
+            (
+                vec!["--metad", "h:1", "--uds-spin-us", "5000"],
+                "--uds-spin-us",
+            ),
+            (vec!["--metad", "h:1", "--uds-spin-us", "soon"], "uds-spin-us"),
         ] {
             let e = parse(&args).unwrap_err().to_string();
             assert!(e.contains(flag), "{args:?}: {e}");

@@ -11,12 +11,12 @@ use regolith_proto::fdpass::write_all_async as write_all;
 use regolith_proto::net::AcceptBackoff;
 use regolith_proto::shutdown::Shutdown;
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -215,19 +215,41 @@ struct Reader {
 }
 
 impl Reader {
-    async fn next(&mut self, sock: &UnixStream) -> Result<Option<frame::Frame>> {
+    /// The next frame. While `idle()` (no request of the connection in progress), for up to
+    /// `spin` it polls the socket (yielding to other tasks between tries) before it waits for
+    /// readiness: a client's next request, sent right after the last reply, then finds this
+    /// thread awake rather than costing a wake-up. It never spins while a request is being
+    /// served (that would take a core from it).
+    async fn next(
+        &mut self,
+        sock: &UnixStream,
+        spin: Duration,
+        idle: impl Fn() -> bool,
+    ) -> Result<Option<frame::Frame>> {
+        let started = Instant::now();
         loop {
             match self.codec.next_frame() {
                 Ok(Some(f)) => return Ok(Some(f)),
                 Ok(None) => {}
                 Err(e) => return Err(Error::InvalidArgument(format!("broken framing: {e}"))),
             }
-            let (n, fds) = fdpass::recv_fds_async(sock, &mut self.buf, 4)
-                .await
-                .map_err(|e| Error::Os {
-                    what: "reading from a client".into(),
-                    source: e,
-                })?;
+            let read = if started.elapsed() < spin && idle() {
+                // Directly, not through the runtime's readiness (which only changes when its
+                // I/O driver is polled); a read that finds nothing yields and tries again.
+                match fdpass::recv_fds(sock.as_fd(), &mut self.buf, 4) {
+                    Err(e) if e.is_would_block() => {
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    r => r.map_err(std::io::Error::from),
+                }
+            } else {
+                fdpass::recv_fds_async(sock, &mut self.buf, 4).await
+            };
+            let (n, fds) = read.map_err(|e| Error::Os {
+                what: "reading from a client".into(),
+                source: e,
+            })?;
             if n == 0 {
                 return Ok(None);
             }
@@ -256,26 +278,29 @@ async fn session(
         fds: Default::default(),
         buf: vec![0u8; 16 * 1024],
     };
-    let first = match tokio::time::timeout(HELLO_TIMEOUT, reader.next(&sock)).await {
-        Ok(Err(e @ Error::InvalidArgument(_))) => {
-            side.metrics.uds_bad_frames.inc();
-            return Err(e);
-        }
-        Ok(r) => r?,
-        Err(_) => {
-            side.metrics.uds_bad_frames.inc();
-            let _ = write_all(
-                &sock,
-                &encode(
-                    Op::Error as u16,
-                    0,
-                    &error_body(pb::Code::InvalidArgument, "no HELLO within 10 s"),
-                ),
-            )
-            .await;
-            return Ok(());
-        }
-    };
+    let first =
+        match tokio::time::timeout(HELLO_TIMEOUT, reader.next(&sock, Duration::ZERO, || false))
+            .await
+        {
+            Ok(Err(e @ Error::InvalidArgument(_))) => {
+                side.metrics.uds_bad_frames.inc();
+                return Err(e);
+            }
+            Ok(r) => r?,
+            Err(_) => {
+                side.metrics.uds_bad_frames.inc();
+                let _ = write_all(
+                    &sock,
+                    &encode(
+                        Op::Error as u16,
+                        0,
+                        &error_body(pb::Code::InvalidArgument, "no HELLO within 10 s"),
+                    ),
+                )
+                .await;
+                return Ok(());
+            }
+        };
     let Some(first) = first else {
         return Ok(());
     };
@@ -306,10 +331,13 @@ async fn session(
     });
     let max = side.settings.max_in_flight as usize;
     let slots = Arc::new(Semaphore::new(max));
+    let quiet = Arc::new(tokio::sync::Notify::new());
     let result = loop {
         // At shutdown the session reads no more requests; those in progress finish below.
         let next = tokio::select! {
-            r = reader.next(&sock) => r,
+            r = reader.next(&sock, side.settings.uds_spin, || slots.available_permits() == max) => r,
+            // The last request in progress was answered: read again, spinning from now.
+            _ = quiet.notified() => continue,
             _ = shutdown.wait() => break Ok(()),
         };
         let f = match next {
@@ -339,7 +367,13 @@ async fn session(
         let Ok(permit) = slots.clone().acquire_owned().await else {
             break Ok(());
         };
-        let (side, conn, tx) = (side.clone(), conn.clone(), tx.clone());
+        let (side, conn, tx, quiet, slots) = (
+            side.clone(),
+            conn.clone(),
+            tx.clone(),
+            quiet.clone(),
+            slots.clone(),
+        );
         tokio::spawn(async move {
             let start = Instant::now();
             let reply = match dispatch(&side, &conn, op, f.body, fd).await {
@@ -359,6 +393,9 @@ async fn session(
             // the slot released first, 300,000 unread replies added 814 MiB).
             tx.send(reply).await;
             drop(permit);
+            if slots.available_permits() == max {
+                quiet.notify_one();
+            }
         });
     };
     // Wait for every request in progress before cleaning up after the client.
