@@ -21,7 +21,9 @@
 //!   forks afterwards shares the range with its child instead of copying it.
 
 use std::fs;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use nix::sys::stat::fstat;
 use std::sync::OnceLock;
 
 use nix::fcntl::{fallocate, fcntl, FallocateFlags, FcntlArg, SealFlag};
@@ -141,8 +143,22 @@ fn private_anonymous(m: &MapLine) -> bool {
     }
 }
 
-fn ours(m: &MapLine) -> bool {
-    m.perms.ends_with('s') && m.path.starts_with(&format!("/memfd:{MEMFD_NAME}"))
+/// A shared mapping of our memfd with inode `ino`.
+fn ours(m: &MapLine, ino: u64) -> bool {
+    m.perms.ends_with('s') && m.inode == ino && m.path.starts_with(&format!("/memfd:{MEMFD_NAME}"))
+}
+
+/// Whether `[at, at+len)` is still wholly mapped from the memfd `fd` (a caller that freed the
+/// range and mapped something else there has not).
+pub(crate) fn still_mapped(fd: BorrowedFd<'_>, at: usize, len: usize) -> bool {
+    let Ok(st) = fstat(fd.as_raw_fd()) else {
+        return false;
+    };
+    let Ok(text) = fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    let ino = st.st_ino;
+    covered_by(&parse_maps(&text), at, at + len, |m| ours(m, ino))
 }
 
 fn page_size() -> usize {
@@ -262,11 +278,8 @@ fn move_chunk(fd: i32, at: usize, off: usize, len: usize) -> std::io::Result<()>
 /// Moves `[at, at+len)` back onto private anonymous memory with the same bytes, when the
 /// range is still wholly our memfd mapping (a caller that freed it may have reused the
 /// addresses: those are left alone). Answers whether it did.
-pub(crate) fn restore_private(at: usize, len: usize) -> bool {
-    let Ok(text) = fs::read_to_string("/proc/self/maps") else {
-        return false;
-    };
-    if !covered_by(&parse_maps(&text), at, at + len, ours) {
+pub(crate) fn restore_private(fd: BorrowedFd<'_>, at: usize, len: usize) -> bool {
+    if !still_mapped(fd, at, len) {
         return false;
     }
     let mut off = 0;
@@ -337,8 +350,9 @@ mod tests {
         assert_eq!(m[1].path, "[heap]");
         assert_eq!(m[2].start, 0x7f00_0000_0000);
         assert_eq!(m[4].path, "/memfd:regolith-client-registered (deleted)");
-        assert!(ours(&m[4]));
-        assert!(!ours(&m[2]));
+        assert!(ours(&m[4], 77));
+        assert!(!ours(&m[4], 78), "another memfd");
+        assert!(!ours(&m[2], 0));
     }
 
     #[test]
@@ -416,7 +430,9 @@ mod tests {
         // And the other way.
         fd_map.write(200, &[0xCD]).unwrap();
         assert_eq!(v[off + 200], 0xCD);
+        assert!(buf.still_adopted());
         assert!(buf.restore_private());
+        assert!(!buf.still_adopted());
         let maps = parse_maps(&fs::read_to_string("/proc/self/maps").unwrap());
         assert!(covered_by(&maps, start, start + n, private_anonymous));
         assert_eq!(v[off + 100], 0xAB);
@@ -425,6 +441,39 @@ mod tests {
         v[off + 300] = 1;
         fd_map.read(300, &mut b).unwrap();
         assert_ne!(b[0], 1);
+    }
+
+    /// A caller that freed a shared range and got other memory at the same addresses: the old
+    /// buffer knows it no longer maps them and leaves the new memory alone.
+    #[test]
+    fn memory_mapped_over_a_shared_range_is_not_taken_for_it() {
+        let len = 2 << 20;
+        let mut v = vec![5u8; len + 8192];
+        let addr = v.as_mut_ptr() as usize;
+        let Shared::Yes(buf) = share_range(addr, v.len(), SharePolicy::On).unwrap() else {
+            panic!("not shared");
+        };
+        let (start, n) = (buf.as_ptr() as usize, buf.len());
+        // SAFETY: replaces pages of our own vector with fresh private zero pages.
+        let p = unsafe {
+            libc::mmap(
+                start as *mut libc::c_void,
+                n,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(p as usize, start);
+        assert!(!buf.still_adopted());
+        v[start - addr] = 9;
+        assert!(
+            !buf.restore_private(),
+            "restored over memory that is not ours"
+        );
+        assert_eq!(v[start - addr], 9, "the new memory was touched");
+        assert_eq!(v[start - addr + 1], 0);
     }
 
     #[test]

@@ -288,7 +288,16 @@ impl ShmBuffer {
     /// unregistered it); answers whether it did. A no-op for other buffers.
     pub fn restore_private(&self) -> bool {
         match self.inner.map.adopted {
-            Some(start) => crate::share::restore_private(start, self.len()),
+            Some(start) => crate::share::restore_private(self.inner.map.fd(), start, self.len()),
+            None => false,
+        }
+    }
+
+    /// For adopted caller memory: whether its range is still mapped from this buffer's memfd
+    /// (false once the caller freed it and something else lives there).
+    pub fn still_adopted(&self) -> bool {
+        match self.inner.map.adopted {
+            Some(start) => crate::share::still_mapped(self.inner.map.fd(), start, self.len()),
             None => false,
         }
     }

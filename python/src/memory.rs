@@ -286,9 +286,14 @@ impl Regions {
             )));
         }
         let old = self.plain.insert(addr, len);
-        Ok(match old {
-            Some(n) if n != len => self.adopted.remove(&addr),
-            _ => None,
+        // A range registered again keeps its shared pages only if it is the same range and
+        // still mapped from them: a caller that freed it and registers new memory that landed
+        // at the same address must not have gets written into the old pages.
+        let keep = old == Some(len) && self.adopted.get(&addr).is_some_and(|b| b.still_adopted());
+        Ok(if keep {
+            None
+        } else {
+            self.adopted.remove(&addr)
         })
     }
 

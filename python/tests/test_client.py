@@ -284,13 +284,37 @@ PAGE = 4096
 REGISTER_SHM = 'regolith_sidecar_op_seconds_count{op="register_shm"}'
 
 
+class PrivateMemory:
+    """Fresh private anonymous memory at an offset into a page, as numpy hands out: a heap
+    array's placement depends on what earlier tests freed (pages of a range another client
+    shared and that was freed unregistered are not plain memory, and are not shared again)."""
+
+    def __init__(self, n: int, offset: int = 16):
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.mmap.restype = ctypes.c_void_p
+        self.libc.mmap.argtypes = [
+            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long
+        ]  # fmt: skip
+        self.libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.size = n + offset + PAGE
+        self.base = self.libc.mmap(None, self.size, 0x3, 0x22, -1, 0)  # rw, private | anonymous
+        assert self.base not in (None, ctypes.c_void_p(-1).value)
+        raw = (ctypes.c_uint8 * n).from_address(self.base + offset)
+        self.array = np.frombuffer(raw, dtype=np.uint8)
+
+    def free(self) -> None:
+        self.array = None
+        self.libc.munmap(self.base, self.size)
+
+
 def test_registered_memory_moves_onto_shared_memory_in_place(cluster, client, key):
     """register_buffer moves the range's whole pages onto shared memory at the same address
     with the same bytes; gets into it and puts from it then use that memory directly (the
     sidecar maps it: one register_shm, no staging), and unregister_buffer moves it back."""
     n = 4 * MiB
-    src = np.frombuffer(pattern(n + 2 * PAGE, seed=31), dtype=np.uint8).copy()
-    dst = np.zeros(n + 2 * PAGE, dtype=np.uint8)
+    src_mem, dst_mem = PrivateMemory(n + 2 * PAGE), PrivateMemory(n + 2 * PAGE)
+    src, dst = src_mem.array, dst_mem.array
+    src[:] = np.frombuffer(pattern(n + 2 * PAGE, seed=31), dtype=np.uint8)
     before_src, src_addr = src.copy(), src.ctypes.data
     client.register_buffer(src.ctypes.data, src.nbytes)
     client.register_buffer(dst.ctypes.data, dst.nbytes)
@@ -329,6 +353,38 @@ def test_registered_memory_moves_onto_shared_memory_in_place(cluster, client, ke
     assert client.buffer_sharing(dst.ctypes.data) == "shared"
     assert client.get_into(k_remote, dst.ctypes.data + off, n) == n
     assert np.array_equal(dst[off : off + n], src[off : off + n])
+    client.unregister_buffer(dst.ctypes.data)
+    client.unregister_buffer(src.ctypes.data)
+    src, dst = None, None
+    src_mem.free()
+    dst_mem.free()
+
+
+def test_memory_registered_again_at_the_address_of_a_freed_range_gets_the_bytes(client, key):
+    """A caller frees a registered (shared) range without unregistering it, gets new memory at
+    the same address and registers that: gets land in the new memory, not in the old pages."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    rw, private_anon, fixed = 0x3, 0x22, 0x10
+    n = 4 * MiB
+    addr = libc.mmap(None, n, rw, private_anon, -1, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value)
+    try:
+        client.register_buffer(addr, n)
+        assert client.buffer_sharing(addr) == "shared"
+        data = pattern(MiB, seed=41)
+        k = key()
+        client.put(k, data)
+        assert libc.mmap(addr, n, rw, private_anon | fixed, -1, 0) == addr  # "freed", new memory
+        client.register_buffer(addr, n)
+        assert client.buffer_sharing(addr) == "shared"
+        assert client.get_into(k, addr, MiB) == MiB
+        assert ctypes.string_at(addr, MiB) == data
+        client.unregister_buffer(addr)
+    finally:
+        libc.munmap(addr, n)
 
 
 def test_registered_memory_stays_private_where_it_must(cluster, client, key):

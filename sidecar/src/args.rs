@@ -667,7 +667,10 @@ mod tests {
                 vec!["--metad", "h:1", "--uds-spin-us", "5000"],
                 "--uds-spin-us",
             ),
-            (vec!["--metad", "h:1", "--uds-spin-us", "soon"], "uds-spin-us"),
+            (
+                vec!["--metad", "h:1", "--uds-spin-us", "soon"],
+                "uds-spin-us",
+            ),
         ] {
             let e = parse(&args).unwrap_err().to_string();
             assert!(e.contains(flag), "{args:?}: {e}");
