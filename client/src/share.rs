@@ -8,7 +8,8 @@
 //! over the chunk (`MAP_FIXED`), at the same address. The caller's pointers stay valid and see
 //! the same bytes; the memory is now shared with the sidecar, which writes gets into it and
 //! reads puts from it directly. [`ShmBuffer::restore_private`] moves them back onto private
-//! memory at `unregister_buffer`.
+//! memory at `unregister_buffer` (unless a GPU driver has been loaded since, which may have
+//! pinned them: they then stay shared, which is harmless).
 //!
 //! It changes what the range is, so it is done only where that is safe:
 //! * the range's pages are plain private anonymous memory (no file, no device, not shared);
@@ -280,6 +281,13 @@ fn move_chunk(fd: i32, at: usize, off: usize, len: usize) -> std::io::Result<()>
 /// addresses: those are left alone). Answers whether it did.
 pub(crate) fn restore_private(fd: BorrowedFd<'_>, at: usize, len: usize) -> bool {
     if !still_mapped(fd, at, len) {
+        return false;
+    }
+    // A GPU driver loaded since registration may have pinned these pages: moving them now
+    // would leave the device with pages the process no longer sees. Shared, they stay valid.
+    if SharePolicy::from_env() == SharePolicy::Auto
+        && fs::read_to_string("/proc/self/maps").is_ok_and(|t| gpu_driver_loaded(&parse_maps(&t)))
+    {
         return false;
     }
     let mut off = 0;
