@@ -34,6 +34,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A disk of the tier is out (I/O error, missing, read-only, unreadable label).
+    #[error("disk {path}: {reason}")]
+    DiskFailed { path: String, reason: String },
     #[error("segment {name}: {reason}")]
     SegmentInvalid { name: String, reason: String },
     #[error("range [{offset}, {offset}+{len}) lies outside {name} ({size} bytes)")]

@@ -34,6 +34,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod args;
+pub mod disk;
 pub mod error;
 pub mod handover;
 pub mod http;
