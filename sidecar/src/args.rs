@@ -130,6 +130,11 @@ pub struct Args {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub index: Option<bool>,
+    /// A disk of this node's disk tier, `PATH[:SIZE]` (repeatable, or comma-separated): one
+    /// directory per device; SIZE caps what Regolith uses there (default: the file system's
+    /// free space less 5 %, at least 1 GiB kept free). docs/ssd.md.
+    #[arg(long = "disk", env = "REGOLITH_DISK", value_delimiter = ',')]
+    pub disks: Vec<String>,
     /// Enable test hooks on the metrics port (`POST /debug/close-nic?ip=IP` closes that NIC's
     /// data-plane listener and connections). For tests only.
     #[arg(long, hide = true, env = "REGOLITH_TEST_HOOKS")]
@@ -161,6 +166,7 @@ pub struct FileConfig {
     pub metad: Option<String>,
     pub cluster_token_file: Option<PathBuf>,
     pub nic: Option<Vec<String>>,
+    pub disk: Option<Vec<String>>,
     pub data_port: Option<u16>,
     pub slice_size: Option<String>,
     pub conns_per_nic_pair: Option<usize>,
@@ -241,6 +247,8 @@ pub struct Settings {
     pub transfer_timeout: Duration,
     pub huge_pages: HugePages,
     pub worker_threads: Option<usize>,
+    /// `--disk`, in order: the node's disk tier (empty: DRAM only).
+    pub disks: Vec<crate::disk::DiskSpec>,
     pub test_hooks: bool,
     pub verbose: u8,
     pub json_logs: bool,
@@ -248,6 +256,26 @@ pub struct Settings {
 
 fn cfg(msg: String) -> Error {
     Error::Config(msg)
+}
+
+/// `--disk` values: each `PATH[:SIZE]`, no directory given twice or inside another.
+fn parse_disks(raw: Vec<String>) -> Result<Vec<crate::disk::DiskSpec>> {
+    let mut out: Vec<crate::disk::DiskSpec> = Vec::new();
+    for r in raw {
+        let d: crate::disk::DiskSpec = r.parse().map_err(cfg)?;
+        if let Some(o) = out
+            .iter()
+            .find(|o| o.path.starts_with(&d.path) || d.path.starts_with(&o.path))
+        {
+            return Err(cfg(format!(
+                "--disk {}: overlaps --disk {} (one directory per device, none inside another)",
+                d.path.display(),
+                o.path.display()
+            )));
+        }
+        out.push(d);
+    }
+    Ok(out)
 }
 
 fn host_name() -> String {
@@ -363,6 +391,11 @@ impl Args {
         if nics.is_empty() {
             nics.push(IpAddr::from([127, 0, 0, 1]));
         }
+        let disks = parse_disks(if self.disks.is_empty() {
+            file.disk.unwrap_or_default()
+        } else {
+            self.disks
+        })?;
         let slice = size("slice-size", self.slice_size.or(file.slice_size), 1 << 20)?;
         let chunk = regolith_proto::checksum::CHUNK as u64;
         if slice == 0
@@ -535,6 +568,7 @@ impl Args {
                 Duration::from_secs(30),
             )?,
             huge_pages,
+            disks,
             worker_threads: regolith_proto::daemon::worker_threads(
                 self.worker_threads.or(file.worker_threads),
             )
@@ -647,6 +681,35 @@ mod tests {
         assert_eq!(s.uds_spin, Duration::ZERO);
         let s = parse(&["--metad", "h:1", "--uds-spin-us", "1000"]).unwrap();
         assert_eq!(s.uds_spin, Duration::from_micros(1000));
+    }
+
+    #[test]
+    fn disks_are_repeatable_with_optional_sizes_and_never_nested() {
+        let s = parse(&["--metad", "h:1"]).unwrap();
+        assert!(s.disks.is_empty(), "no disk tier unless asked");
+        let s = parse(&[
+            "--metad",
+            "h:1",
+            "--disk",
+            "/mnt/nvme0/regolith:2TiB",
+            "--disk",
+            "/mnt/nvme1/regolith",
+        ])
+        .unwrap();
+        assert_eq!(s.disks.len(), 2);
+        assert_eq!(s.disks[0].size, Some(2 << 40));
+        assert_eq!(s.disks[1].size, None);
+        let s = parse(&["--metad", "h:1", "--disk", "/a:1GiB,/b:2GiB"]).unwrap();
+        assert_eq!(s.disks.len(), 2);
+        for (bad, why) in [
+            ("/mnt/a,/mnt/a/b", "overlaps"),
+            ("/mnt/a,/mnt/a", "overlaps"),
+            ("rel", "absolute"),
+            ("/mnt/a:0", "size of 0"),
+        ] {
+            let e = parse(&["--metad", "h:1", "--disk", bad]).unwrap_err();
+            assert!(e.to_string().contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -47,6 +47,7 @@ pub fn status_json(side: &Sidecar) -> serde_json::Value {
         "puts": side.store.puts.load(Ordering::Relaxed),
         "gets": side.store.gets.load(Ordering::Relaxed),
         "checksum_mismatches": side.metrics.checksum_mismatches.get(),
+        "disks": side.disks.status(),
     })
 }
 
@@ -64,6 +65,7 @@ fn refresh(side: &Sidecar) {
             .set(n.load(Ordering::Relaxed) as i64);
     }
     refresh_rdma(side);
+    refresh_disks(side);
     for n in side.transport_stats.snapshot() {
         let nic = n.addr.to_string();
         side.metrics
@@ -82,6 +84,47 @@ fn refresh(side: &Sidecar) {
             .nic_failed_conns
             .with_label_values(&[&nic])
             .set(n.failed_conns as i64);
+    }
+}
+
+fn refresh_disks(side: &Sidecar) {
+    use crate::disk::tier::Slot;
+    let m = &side.metrics;
+    for slot in &side.disks.slots {
+        let (path, disk) = match slot {
+            Slot::Open(d) => (d.path().display().to_string(), Some(d)),
+            Slot::FailedAtOpen { spec, .. } => (spec.path.display().to_string(), None),
+        };
+        let l = [path.as_str()];
+        let healthy = disk.is_some_and(|d| !d.is_failed());
+        m.disk_healthy.with_label_values(&l).set(healthy as i64);
+        let Some(d) = disk else { continue };
+        let u = d.usage();
+        m.disk_capacity_bytes
+            .with_label_values(&l)
+            .set(u.capacity as i64);
+        m.disk_used_bytes.with_label_values(&l).set(u.live as i64);
+        m.disk_allocated_bytes
+            .with_label_values(&l)
+            .set(u.allocated as i64);
+        m.disk_objects.with_label_values(&l).set(u.objects as i64);
+        let st = &d.stats;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as i64;
+        for (g, v) in [
+            (&m.disk_read_bytes, get(&st.read_bytes)),
+            (&m.disk_reads, get(&st.reads)),
+            (&m.disk_read_micros, get(&st.read_micros)),
+            (&m.disk_write_bytes, get(&st.write_bytes)),
+            (&m.disk_writes, get(&st.writes)),
+            (&m.disk_write_micros, get(&st.write_micros)),
+            (&m.disk_errors, get(&st.errors)),
+            (&m.disk_corrupt_records, get(&st.corrupt_records)),
+            (&m.disk_evicted, get(&st.evicted)),
+            (&m.disk_compacted, get(&st.compacted)),
+            (&m.disk_lost, get(&st.lost)),
+        ] {
+            g.with_label_values(&l).set(v);
+        }
     }
 }
 

@@ -54,6 +54,8 @@ pub struct Sidecar {
     /// Held by every heartbeat of the loop; a hand-over holds it from its state snapshot on,
     /// so that no heartbeat reports (or changes) what the successor was handed.
     pub hb_gate: Arc<tokio::sync::Mutex<()>>,
+    /// The node's disk tier (`--disk`; empty: DRAM only).
+    pub disks: Arc<crate::disk::Tier>,
 }
 
 pub fn metad_clients(settings: &Settings) -> Result<(MetadClient, MetadClient)> {

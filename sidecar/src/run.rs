@@ -257,6 +257,14 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     };
     let data = DataClient::new(transport, stripe, transport_stats.clone())?;
     let index = Arc::new(NodeIndex::new(settings.index, metrics.clone()));
+    let disks = {
+        let specs = settings.disks.clone();
+        Arc::new(
+            tokio::task::spawn_blocking(move || crate::disk::Tier::open(&specs))
+                .await
+                .map_err(|e| Error::Config(format!("opening the disks: {e}")))?,
+        )
+    };
     let store = Store::new(
         Arc::new(metad.clone()),
         node_id,
@@ -285,6 +293,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         generation_lost: AtomicBool::new(false),
         server: Mutex::new(None),
         hb_gate: Arc::new(tokio::sync::Mutex::new(())),
+        disks: disks.clone(),
     });
     let mut serving = handover::Serving::new(side.clone(), stop.clone());
     serving.listeners().data = std::mem::take(&mut start.data)
@@ -313,6 +322,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         .as_ref()
         .and_then(|t| t.spawn_reloader(stop.clone()));
     let hb = tokio::spawn(side.clone().heartbeat_loop(stop.clone()));
+    let disk_upkeep = tokio::spawn(crate::disk::tier::upkeep_loop(disks, stop.clone()));
     let watch = tokio::spawn(crate::watch::run(
         index,
         side.metad.clone(),
@@ -397,6 +407,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         }
     }
     let _ = watch.await;
+    let _ = disk_upkeep.await;
     let _ = http.await;
     if let Some(r) = tls_reloader {
         let _ = r.await;

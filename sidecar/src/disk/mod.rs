@@ -6,16 +6,20 @@
 //!   disk's LRU and compaction candidates.
 //! * [`store`] — one disk's I/O (`O_DIRECT` where possible): batched appends with one
 //!   `fdatasync`, verified reads, the scan of a disk written before, compaction, failure.
+//! * [`tier`] — the node's disks together: opened at start, probed and compacted in the
+//!   background, each failing alone.
 
 pub mod format;
 pub mod layout;
 pub mod store;
+pub mod tier;
 
 use std::path::PathBuf;
 
 use regolith_proto::units::parse_size;
 
 pub use store::{Disk, DiskStatus, Dropped, ReadOutcome, ScanReport, WriteItem, Written};
+pub use tier::Tier;
 
 /// One `--disk PATH[:SIZE]`: a directory on one device, and the most Regolith may use there
 /// (default: the file system's free space less a margin, re-checked as it runs).

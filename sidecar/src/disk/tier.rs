@@ -1,0 +1,136 @@
+//! The node's disks together: opened at start (a disk that cannot be opened is reported
+//! failed, and the node serves without it), probed and compacted in the background, each
+//! taken out alone when it fails.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use regolith_proto::shutdown::Shutdown;
+
+use super::store::{Disk, DiskStatus, OpenOptionsExt2};
+use super::{DiskSpec, Dropped};
+
+/// How often each disk is probed (presence, read-only, free space) and compacted.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// One configured disk: open, or failed at open.
+pub enum Slot {
+    Open(Arc<Disk>),
+    FailedAtOpen { spec: DiskSpec, reason: String },
+}
+
+#[derive(Default)]
+pub struct Tier {
+    pub slots: Vec<Slot>,
+}
+
+impl Tier {
+    /// Opens (and scans) every disk; blocking.
+    pub fn open(specs: &[DiskSpec]) -> Self {
+        let slots = specs
+            .iter()
+            .map(|spec| match Disk::open(spec.clone(), &OpenOptionsExt2::default()) {
+                Ok((disk, report)) => {
+                    tracing::info!(
+                        disk = %spec.path.display(),
+                        disk_id = disk.disk_id(),
+                        records = report.records,
+                        buckets = report.buckets,
+                        scan_ms = report.micros / 1000,
+                        capacity = disk.usage().capacity,
+                        "disk opened"
+                    );
+                    Slot::Open(Arc::new(disk))
+                }
+                Err(e) => {
+                    tracing::error!(disk = %spec.path.display(), error = %e, "disk not usable; serving without it");
+                    Slot::FailedAtOpen {
+                        spec: spec.clone(),
+                        reason: e.to_string(),
+                    }
+                }
+            })
+            .collect();
+        Self { slots }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The disks in service.
+    pub fn disks(&self) -> impl Iterator<Item = &Arc<Disk>> {
+        self.slots.iter().filter_map(|s| match s {
+            Slot::Open(d) if !d.is_failed() => Some(d),
+            _ => None,
+        })
+    }
+
+    pub fn status(&self) -> Vec<DiskStatus> {
+        self.slots
+            .iter()
+            .map(|s| match s {
+                Slot::Open(d) => d.status(),
+                Slot::FailedAtOpen { spec, reason } => DiskStatus {
+                    path: spec.path.display().to_string(),
+                    disk_id: String::new(),
+                    healthy: false,
+                    failure: Some(reason.clone()),
+                    direct_io: false,
+                    bucket_size: 0,
+                    capacity_bytes: 0,
+                    used_bytes: 0,
+                    allocated_bytes: 0,
+                    objects: 0,
+                },
+            })
+            .collect()
+    }
+
+    /// One round of upkeep: probe every disk (a failed one is taken out, its objects counted
+    /// as lost), compact one bucket on each. Returns damaged records compaction dropped.
+    pub fn upkeep(&self) -> Vec<Dropped> {
+        let mut dropped = Vec::new();
+        for s in &self.slots {
+            let Slot::Open(d) = s else { continue };
+            if d.is_failed() {
+                continue;
+            }
+            if d.probe().is_err() {
+                continue;
+            }
+            if let Err(e) = d.compact_one(&mut dropped) {
+                tracing::warn!(disk = %d.path().display(), error = %e, "compaction");
+            }
+        }
+        dropped
+    }
+}
+
+/// Probes and compacts the disks every [`PROBE_INTERVAL`] until shutdown.
+pub async fn upkeep_loop(tier: Arc<Tier>, stop: Shutdown) {
+    if tier.is_empty() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = stop.wait() => return,
+            _ = tokio::time::sleep(PROBE_INTERVAL) => {}
+        }
+        let t = tier.clone();
+        let dropped = tokio::task::spawn_blocking(move || t.upkeep())
+            .await
+            .unwrap_or_default();
+        if !dropped.is_empty() {
+            tracing::warn!(objects = dropped.len(), "disk objects dropped by upkeep");
+        }
+    }
+}
+
+/// Totals over every disk, for the summary log.
+pub fn totals(tier: &Tier) -> (u64, u64, u64) {
+    tier.disks().fold((0, 0, 0), |(c, u, o), d| {
+        let x = d.usage();
+        (c + x.capacity, u + x.live, o + x.objects)
+    })
+}
