@@ -176,6 +176,10 @@ pub struct UpArgs {
     /// Memory each sidecar contributes, e.g. 1GiB, 256MiB
     #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = size)]
     pub segment_size: u64,
+    /// Give each sidecar a disk tier of SIZE under its state directory (DIR/NAME/disk; e.g.
+    /// 8GiB; docs/ssd.md). Default: none
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub disk_size: Option<u64>,
     /// Move every port into the block PORT..PORT+49 (metad i: gRPC PORT+i, HTTP metadata KV
     /// PORT+10+i, metrics PORT+20+i; sidecar i: metrics PORT+30+i, data PORT+40+i) [default:
     /// metad gRPC 50051.., HTTP metadata KV 8080.., metrics 9003..; sidecar metrics 9300..,

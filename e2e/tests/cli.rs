@@ -626,3 +626,30 @@ fn up_tls_runs_every_daemon_over_mutual_tls() {
     let st = up.terminate_and_wait(Duration::from_secs(30));
     assert!(st.success(), "regolith up exited with {st}");
 }
+
+/// `regolith up --disk-size SIZE`: each sidecar has a disk tier of SIZE under its state
+/// directory, reported healthy in its `/status`.
+#[test]
+fn up_disk_size_gives_each_sidecar_a_disk_under_its_state_directory() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("cluster");
+    let base = free_base_port();
+    let mut up = Up::start_with(&dir, base, &["--disk-size", "64MiB"]);
+    let dir = dir.canonicalize().expect("dir");
+    for i in 0..2u16 {
+        let disk = dir.join(format!("node-{i}")).join("disk");
+        assert!(
+            disk.join("regolith-disk.json").exists(),
+            "{} is not a disk",
+            disk.display()
+        );
+        let (_, body) =
+            regolith_e2e::http_get(&format!("127.0.0.1:{}", base + 30 + i), "/status").unwrap();
+        let st: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let d = &st["disks"][0];
+        assert_eq!(d["path"].as_str(), disk.to_str(), "{st}");
+        assert_eq!(d["healthy"], true, "{d}");
+        assert_eq!(d["capacity_bytes"], 64u64 << 20, "{d}");
+    }
+    assert!(up.terminate_and_wait(Duration::from_secs(60)).success());
+}

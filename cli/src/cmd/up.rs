@@ -349,6 +349,8 @@ struct Up {
     token_file: PathBuf,
     bins: Binaries,
     segment_size: u64,
+    /// `--disk-size`: each sidecar's disk tier under its state directory.
+    disk_size: Option<u64>,
     /// The sidecars' object index (`--no-index` turns it off).
     index: bool,
     ready_timeout: Duration,
@@ -380,6 +382,7 @@ impl Up {
             token_file,
             bins,
             segment_size: args.segment_size,
+            disk_size: args.disk_size.filter(|s| *s > 0),
             index: !args.no_index,
             ready_timeout: args.ready_timeout,
             stop_timeout: args.stop_timeout,
@@ -390,6 +393,18 @@ impl Up {
             sidecars: Vec::new(),
             reported: Vec::new(),
         }
+    }
+
+    /// Flags of sidecar `name` beyond its launch: the index, its disk.
+    fn sidecar_extra(&self, name: &str) -> Vec<std::ffi::OsString> {
+        let mut extra: Vec<std::ffi::OsString> = vec![format!("--index={}", self.index).into()];
+        if let Some(size) = self.disk_size {
+            let mut disk = self.dir.join(name).join("disk").into_os_string();
+            disk.push(format!(":{size}"));
+            extra.push("--disk".into());
+            extra.push(disk);
+        }
+        extra
     }
 
     fn metad_dir(&self, id: u64) -> PathBuf {
@@ -518,7 +533,7 @@ impl Up {
                 metrics_addr: Some(s.metrics.to_string()),
                 tls: self.tls.as_ref().map(|t| t.files(&s.name)),
                 verbose: self.child_verbose,
-                extra: vec![format!("--index={}", self.index).into()],
+                extra: self.sidecar_extra(&s.name),
                 ..SidecarLaunch::default()
             };
             tracing::info!(name = %s.name, socket = %self.socket(&s.name).display(), "starting sidecar");
@@ -881,6 +896,7 @@ mod tests {
                 metad: 3,
                 sidecars: 2,
                 segment_size: 1,
+                disk_size: None,
                 base_port: Some(30000),
                 metad_bin: None,
                 sidecar_bin: None,
