@@ -203,6 +203,7 @@ impl FakeSidecar {
             released: released.clone(),
             used_bytes: 0,
             accessed: vec![],
+            ..Default::default()
         };
         // Taken before the call (which may retry): never later than the send that was heard.
         let sent_us = self.history.now_us();

@@ -106,6 +106,10 @@ pub struct Args {
     pub eviction_high_watermark: Option<f64>,
     #[arg(long, alias = "eviction_ratio", env = "REGOLITH_EVICTION_RATIO")]
     pub eviction_ratio: Option<f64>,
+    /// Above this share of the pool in use, nodes with a disk tier offload their least
+    /// recently used objects to disk (docs/ssd.md); at most the eviction high watermark.
+    #[arg(long, env = "REGOLITH_OFFLOAD_WATERMARK")]
+    pub offload_watermark: Option<f64>,
     #[arg(long, env = "REGOLITH_HARD_PIN_MAX_RATIO")]
     pub hard_pin_max_ratio: Option<f64>,
     #[arg(long, env = "REGOLITH_SOFT_PIN_TTL")]
@@ -211,6 +215,7 @@ pub struct FileConfig {
     pub put_timeout: Option<String>,
     pub eviction_high_watermark: Option<f64>,
     pub eviction_ratio: Option<f64>,
+    pub offload_watermark: Option<f64>,
     pub hard_pin_max_ratio: Option<f64>,
     pub soft_pin_ttl: Option<String>,
     pub drain_timeout: Option<String>,
@@ -516,6 +521,10 @@ impl Args {
                 .eviction_ratio
                 .or(file.eviction_ratio)
                 .unwrap_or(d.eviction_ratio),
+            offload_watermark: self
+                .offload_watermark
+                .or(file.offload_watermark)
+                .unwrap_or(d.offload_watermark),
             hard_pin_max_ratio: self
                 .hard_pin_max_ratio
                 .or(file.hard_pin_max_ratio)

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{Pin, Replica, SegmentId, UnmountReason, Version};
+use crate::types::{NodeId, Pin, Replica, SegmentId, UnmountReason, Version};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -72,6 +72,28 @@ pub enum Command {
         pin: Pin,
         expires_ms: u64,
     },
+    /// Objects a node copied from its memory to its disk tier (offload orders done, docs/ssd.md):
+    /// each object still of that version loses its pieces on the node's current segment
+    /// (freed) and gains one disk piece. After `UpsertPut`: earlier entries keep their encoding.
+    MoveToDisk {
+        node: NodeId,
+        items: Vec<DiskMove>,
+    },
+    /// Disk replicas a node no longer holds (its disk's own eviction, a damaged record, a
+    /// failed disk, a reconciliation after its restart): an object left with no replica is
+    /// removed.
+    DropFromDisk {
+        node: NodeId,
+        items: Vec<(String, Version)>,
+    },
+}
+
+/// One object moved to disk `disk` of a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskMove {
+    pub key: String,
+    pub version: Version,
+    pub disk: u32,
 }
 
 impl Command {
@@ -89,6 +111,8 @@ impl Command {
             Command::ExpirePins { .. } => "expire_pins",
             Command::DrainSegment { .. } => "drain_segment",
             Command::UpsertPut { .. } => "upsert_put",
+            Command::MoveToDisk { .. } => "move_to_disk",
+            Command::DropFromDisk { .. } => "drop_from_disk",
         }
     }
 }
@@ -124,6 +148,13 @@ pub enum Outcome {
     DrainSet,
     /// The command named something that no longer exists (a segment already unmounted).
     Ignored(String),
+    /// Per `MoveToDisk` item: whether the object now has that disk replica.
+    MovedToDisk(Vec<bool>),
+    /// `DropFromDisk`: replicas dropped, and objects removed with their last one.
+    DroppedFromDisk {
+        dropped: u64,
+        removed: u64,
+    },
 }
 
 /// The response to one Raft entry: outcomes in command order (empty for blank and membership

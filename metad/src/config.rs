@@ -36,6 +36,10 @@ pub struct CacheConfig {
     pub eviction_high_watermark: f64,
     /// ...and evicts down to `eviction_high_watermark - eviction_ratio`.
     pub eviction_ratio: f64,
+    /// Above this share of the pool in use, nodes with a disk tier are asked to offload their
+    /// least recently used objects to disk (down to `offload_watermark - eviction_ratio`)
+    /// before eviction has to drop any (docs/ssd.md "Offload").
+    pub offload_watermark: f64,
     /// Hard-pinned bytes may take at most this share of the pool.
     pub hard_pin_max_ratio: f64,
     /// Default lifetime of a soft pin.
@@ -65,6 +69,7 @@ impl Default for CacheConfig {
             put_timeout_ms: 30_000,
             eviction_high_watermark: 0.9,
             eviction_ratio: 0.05,
+            offload_watermark: 0.8,
             hard_pin_max_ratio: 0.5,
             soft_pin_ttl_ms: 30 * 60_000,
             drain_timeout_ms: 10 * 60_000,
@@ -90,6 +95,10 @@ impl CacheConfig {
         };
         frac("eviction_high_watermark", self.eviction_high_watermark)?;
         frac("eviction_ratio", self.eviction_ratio)?;
+        frac("offload_watermark", self.offload_watermark)?;
+        if self.offload_watermark > self.eviction_high_watermark {
+            return Err("offload_watermark must not exceed eviction_high_watermark".into());
+        }
         frac("hard_pin_max_ratio", self.hard_pin_max_ratio)?;
         if self.eviction_ratio > self.eviction_high_watermark {
             return Err("eviction_ratio must not exceed eviction_high_watermark".into());

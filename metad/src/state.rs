@@ -284,7 +284,18 @@ impl StateMachine {
             } => self.mount(node_name, *node_id_hint, *capacity, data_addrs, *now_ms, fx),
             Command::UnmountSegment { segment, reason } => {
                 match self.unmount(*segment, *reason, fx) {
-                    Some(dropped) => Outcome::Unmounted { dropped },
+                    Some(dropped) => {
+                        // The node is gone (dead or drained): so are its disks' replicas. A
+                        // sidecar that mounts again soon (a restart) keeps them instead.
+                        let on_disk = if self.node_segment.contains_key(&segment.node) {
+                            0
+                        } else {
+                            self.drop_node_disks(segment.node, *reason, fx)
+                        };
+                        Outcome::Unmounted {
+                            dropped: dropped + on_disk,
+                        }
+                    }
                     None => Outcome::Ignored(format!("segment {segment} is not mounted")),
                 }
             }
@@ -352,6 +363,8 @@ impl StateMachine {
                 existed: self.meta.remove(key).is_some(),
             },
             Command::ExpirePins { now_ms } => self.expire(*now_ms, fx),
+            Command::MoveToDisk { node, items } => self.move_to_disk(*node, items, fx),
+            Command::DropFromDisk { node, items } => self.drop_from_disk(*node, items, fx),
             Command::DrainSegment {
                 segment,
                 deadline_ms,
@@ -401,11 +414,10 @@ impl StateMachine {
                 id
             }
         };
-        if self
-            .nodes
-            .get(&node)
-            .is_some_and(|r| r.last_generation >= u32::MAX as u64)
-        {
+        // Generations from DISK_GENERATION_BASE on name disks, not mounts.
+        if self.nodes.get(&node).is_some_and(|r| {
+            r.last_generation + 1 >= regolith_proto::disk_tier::DISK_GENERATION_BASE
+        }) {
             return Outcome::Conflict(format!("node {name:?}: generations exhausted"));
         }
         let mut dropped = 0;
@@ -495,6 +507,134 @@ impl StateMachine {
         }
         fx.push(Effect::Unmounted { segment: seg });
         Some(dropped)
+    }
+
+    /// Objects copied to a disk of `node` (design §6 "Tiers", docs/ssd.md): each object still
+    /// of the version named loses its pieces on the node's current segment (freed, held by the
+    /// leader while leased, like an eviction's) and gains one disk piece.
+    fn move_to_disk(
+        &mut self,
+        node: NodeId,
+        items: &[crate::command::DiskMove],
+        fx: &mut Vec<Effect>,
+    ) -> Outcome {
+        let Some(seg) = self.node_segment.get(&node).copied() else {
+            return Outcome::MovedToDisk(vec![false; items.len()]);
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for it in items {
+            let (moved, mem_before, mem_after, pin_delta) = match self.objects.get_mut(&it.key) {
+                Some(o) if o.version == it.version => {
+                    let (mem_before, fp_before) = (o.replicas.memory_bytes(), o.footprint());
+                    let size = o.size;
+                    let moved = o.replicas.move_to_disk(seg, it.disk, size);
+                    let hard = o.pin() == Pin::Hard;
+                    let fp_after = o.footprint();
+                    let pin_delta = if hard { fp_before - fp_after } else { 0 };
+                    (moved, mem_before, o.replicas.memory_bytes(), pin_delta)
+                }
+                _ => (Vec::new(), 0, 0, 0),
+            };
+            if moved.is_empty() {
+                out.push(false);
+                continue;
+            }
+            self.bytes_used -= (mem_before - mem_after).min(self.bytes_used);
+            self.hard_pinned_bytes -= pin_delta.min(self.hard_pinned_bytes);
+            if let Some(alloc) = self.free.get_mut(&seg) {
+                for e in &moved {
+                    let ok = alloc.free(e);
+                    debug_assert!(ok, "freeing a used extent");
+                }
+            }
+            if let Some(s) = self.segments.get_mut(&seg) {
+                let b: u64 = moved.iter().map(|e| e.len).sum();
+                s.used -= b.min(s.used);
+                s.objects = s.objects.saturating_sub(1);
+            }
+            fx.push(Effect::Freed {
+                segment: seg,
+                version: it.version,
+                extents: moved,
+            });
+            fx.push(Effect::Shrunk {
+                key: it.key.clone(),
+            });
+            out.push(true);
+        }
+        Outcome::MovedToDisk(out)
+    }
+
+    /// Disk replicas `node` no longer holds; an object left with none is removed (counted as
+    /// evicted: the disk tier's own eviction, or a disk lost, drops cached objects).
+    fn drop_from_disk(
+        &mut self,
+        node: NodeId,
+        items: &[(String, Version)],
+        fx: &mut Vec<Effect>,
+    ) -> Outcome {
+        let mut dropped = 0;
+        let mut emptied = Vec::new();
+        for (key, version) in items {
+            let Some(o) = self.objects.get_mut(key) else {
+                continue;
+            };
+            if o.version != *version {
+                continue;
+            }
+            let before = o.replicas.pieces().len();
+            o.replicas
+                .retain_segments(|s| !(s.node == node && s.is_disk()));
+            if o.replicas.pieces().len() == before {
+                continue;
+            }
+            dropped += 1;
+            if o.replicas.is_empty() {
+                emptied.push(key.clone());
+            } else {
+                fx.push(Effect::Shrunk { key: key.clone() });
+            }
+        }
+        let removed = emptied.len() as u64;
+        for k in emptied {
+            self.remove_object(&k, fx);
+        }
+        self.counters.evicted_objects += removed;
+        Outcome::DroppedFromDisk { dropped, removed }
+    }
+
+    /// Drops every disk replica of `node` (it was declared dead or unmounted); answers how
+    /// many objects lost their last replica.
+    fn drop_node_disks(
+        &mut self,
+        node: NodeId,
+        reason: UnmountReason,
+        fx: &mut Vec<Effect>,
+    ) -> u64 {
+        let items: Vec<(String, Version)> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| {
+                o.replicas
+                    .pieces()
+                    .iter()
+                    .any(|p| p.is_disk() && p.node.get() as u64 == node)
+            })
+            .map(|(k, o)| (k.to_string(), o.version))
+            .collect();
+        if items.is_empty() {
+            return 0;
+        }
+        let Outcome::DroppedFromDisk { removed, .. } = self.drop_from_disk(node, &items, fx) else {
+            return 0;
+        };
+        // Counted with the node's other losses, not as evictions.
+        self.counters.evicted_objects -= removed.min(self.counters.evicted_objects);
+        match reason {
+            UnmountReason::Dead => self.counters.dead_node_dropped_objects += removed,
+            UnmountReason::Graceful => self.counters.unmount_dropped_objects += removed,
+        }
+        removed
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -704,6 +844,11 @@ impl StateMachine {
         let obj = self.objects.remove(key)?;
         self.unindex_object(key, &obj);
         for r in &obj.replicas.to_vec() {
+            if r.segment.is_disk() {
+                // Nothing of a segment to free: the node drops the record when it sees the
+                // key go (its watch), or at its next reconciliation.
+                continue;
+            }
             if let Some(alloc) = self.free.get_mut(&r.segment) {
                 for e in &r.extents {
                     let ok = alloc.free(e);
@@ -964,8 +1109,9 @@ impl regolith_raft_log::SnapshotView for StateView {
     }
 }
 
+/// Memory an object's replicas take (disk replicas take none).
 fn replicas_bytes(obj: &Object) -> u64 {
-    obj.replicas.bytes()
+    obj.replicas.memory_bytes()
 }
 
 /// Most bytes one record of a state-machine snapshot (the header, one object, one metadata

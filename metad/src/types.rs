@@ -16,6 +16,14 @@ pub struct SegmentId {
     pub generation: u64,
 }
 
+impl SegmentId {
+    /// Whether this names a disk of the node's disk tier, not a memory segment
+    /// ([`regolith_proto::disk_tier`]).
+    pub fn is_disk(&self) -> bool {
+        regolith_proto::disk_tier::is_disk_generation(self.generation)
+    }
+}
+
 impl std::fmt::Display for SegmentId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "node {} gen {}", self.node, self.generation)
@@ -104,6 +112,19 @@ impl Piece {
     }
     pub fn extent(&self) -> Extent {
         Extent::new(self.offset, self.len)
+    }
+    /// A replica on a disk of the node's disk tier (its extent is `(0, size)`).
+    pub fn is_disk(&self) -> bool {
+        regolith_proto::disk_tier::is_disk_generation(self.generation as u64)
+    }
+    /// The one piece of a replica on disk `disk` of `node`.
+    pub fn on_disk(node: NonZeroU32, disk: u32, size: u64) -> Self {
+        Piece {
+            node,
+            generation: regolith_proto::disk_tier::disk_generation(disk) as u32,
+            offset: 0,
+            len: size,
+        }
     }
 }
 
@@ -213,6 +234,50 @@ impl Replicas {
         self.pieces()
             .iter()
             .fold(0u64, |a, p| a.saturating_add(p.len))
+    }
+
+    /// Bytes of memory (segments) over all replicas: disk replicas left out.
+    pub fn memory_bytes(&self) -> u64 {
+        self.pieces()
+            .iter()
+            .filter(|p| !p.is_disk())
+            .fold(0u64, |a, p| a.saturating_add(p.len))
+    }
+
+    /// Replicas in memory (distinct memory segments).
+    pub fn memory_count(&self) -> usize {
+        self.segments().filter(|s| !s.is_disk()).count()
+    }
+
+    /// Whether any replica is on a disk tier.
+    pub fn has_disk(&self) -> bool {
+        self.pieces().iter().any(|p| p.is_disk())
+    }
+
+    /// Replaces the pieces on `seg` (a node's memory segment) with one disk piece; answers
+    /// the extents that left `seg`, none (and no change) when it held none.
+    pub fn move_to_disk(&mut self, seg: SegmentId, disk: u32, size: u64) -> Vec<Extent> {
+        let Some(node) = u32::try_from(seg.node).ok().and_then(NonZeroU32::new) else {
+            return Vec::new();
+        };
+        let moved: Vec<Extent> = self
+            .pieces()
+            .iter()
+            .filter(|p| p.segment() == seg)
+            .map(|p| p.extent())
+            .collect();
+        if moved.is_empty() {
+            return moved;
+        }
+        let mut kept: Vec<Piece> = self
+            .pieces()
+            .iter()
+            .filter(|p| p.segment() != seg && !(p.is_disk() && p.node == node))
+            .copied()
+            .collect();
+        kept.push(Piece::on_disk(node, disk, size));
+        *self = Self::from_pieces(kept);
+        moved
     }
 
     /// Keeps the pieces of the segments `keep` accepts.
@@ -331,9 +396,9 @@ impl Object {
         };
     }
 
-    /// Bytes the object occupies over all replicas.
+    /// Bytes the object occupies in memory over all replicas (disk replicas take none).
     pub fn footprint(&self) -> u64 {
-        self.size * self.replicas.count() as u64
+        self.size * self.replicas.memory_count() as u64
     }
 }
 

@@ -297,6 +297,7 @@ impl Sim {
             highest_term_seen: self.term,
             in_flight,
             released,
+            ..Default::default()
         };
         let now = self.now;
         if let Some((l, sm)) = self.core.leader_parts() {

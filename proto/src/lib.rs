@@ -49,6 +49,7 @@
 
 pub mod checksum;
 pub mod dataplane;
+pub mod disk_tier;
 pub mod fdpass;
 pub mod frame;
 pub mod grant;

@@ -187,6 +187,7 @@ impl Sidecar {
             released: self.store.tracker.released(),
             used_bytes: self.segment_used.load(Ordering::Relaxed),
             accessed: self.store.index.take_accesses(),
+            ..Default::default()
         };
         let reply = match self.hb_client.heartbeat(req).await {
             Ok((r, _)) => r,

@@ -41,7 +41,7 @@ pub fn replica(r: &PlacedReplica, kind: Kind, version: Version, grants: &Grants)
         node_name: r.node_name.clone(),
         data_addrs: r.data_addrs.clone(),
         extents: r.extents.iter().map(extent).collect(),
-        grants: grants.sign(kind, r.segment, version, &r.extents),
+        grants: grants.sign_with(kind, r.segment, r.key_generation, version, &r.extents),
     }
 }
 
@@ -246,6 +246,58 @@ pub fn heartbeat(req: &pb::HeartbeatRequest) -> Heartbeat {
                 id: v.id,
             })
             .collect(),
+        disk: crate::leader::offload::DiskTier {
+            disks: req.disks,
+            capacity: req.disk_capacity,
+            used: req.disk_used,
+        },
+    }
+}
+
+pub fn offload_order(o: &crate::leader::offload::Order) -> pb::OffloadOrder {
+    pb::OffloadOrder {
+        key: o.key.clone(),
+        version: Some(version(o.version)),
+        size: o.size,
+        checksum: o.checksum,
+        extents: o.extents.iter().map(extent).collect(),
+    }
+}
+
+fn disk_item(i: &pb::DiskItem) -> Option<crate::command::DiskMove> {
+    let v = i.version.as_ref()?;
+    Some(crate::command::DiskMove {
+        key: i.key.clone(),
+        version: Version {
+            term: v.term,
+            id: v.id,
+        },
+        disk: i.disk,
+    })
+}
+
+pub fn disk_report(r: &pb::DiskReportRequest) -> crate::ops::disk::DiskReport {
+    crate::ops::disk::DiskReport {
+        node: r.node_id,
+        moved: r.moved.iter().filter_map(disk_item).collect(),
+        failed: r.failed.iter().map(|i| i.key.clone()).collect(),
+        dropped: r
+            .dropped
+            .iter()
+            .filter_map(disk_item)
+            .map(|m| (m.key, m.version))
+            .collect(),
+        inventory: r.inventory,
+        held: r.held.iter().filter_map(disk_item).collect(),
+        inventory_done: r.inventory_done,
+    }
+}
+
+pub fn disk_item_of(m: &crate::command::DiskMove) -> pb::DiskItem {
+    pb::DiskItem {
+        key: m.key.clone(),
+        version: Some(version(m.version)),
+        disk: m.disk,
     }
 }
 

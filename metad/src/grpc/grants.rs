@@ -44,10 +44,23 @@ impl Grants {
         version: Version,
         extents: &[Extent],
     ) -> Vec<Vec<u8>> {
+        self.sign_with(kind, segment, segment.generation, version, extents)
+    }
+
+    /// [`Self::sign`] with the key of mount `key_generation` of the node (a disk replica's
+    /// grants are verified with its node's current segment's key).
+    pub fn sign_with(
+        &self,
+        kind: Kind,
+        segment: SegmentId,
+        key_generation: u64,
+        version: Version,
+        extents: &[Extent],
+    ) -> Vec<Vec<u8>> {
         let Some(master) = &self.0 else {
             return Vec::new();
         };
-        let key = master.node_key(segment.node, segment.generation);
+        let key = master.node_key(segment.node, key_generation);
         let scope = Scope {
             kind,
             node: segment.node,

@@ -284,6 +284,40 @@ impl Metad for MetadService {
                     .map(convert::version)
                     .collect(),
                 draining: reply.draining,
+                offload: reply.offload.iter().map(convert::offload_order).collect(),
+            })
+        })
+        .await
+    }
+
+    async fn disk_report(
+        &self,
+        req: Request<pb::DiskReportRequest>,
+    ) -> Reply<pb::DiskReportResponse> {
+        self.call("disk_report", async {
+            let node = self.ops.node_name(req.get_ref().node_id);
+            self.check_node_identity(&req, node.as_deref())?;
+            let r = req.into_inner();
+            let items = r.moved.len() + r.failed.len() + r.dropped.len() + r.held.len();
+            if items > crate::config::MAX_BATCH_KEYS * 4 {
+                return Err(crate::error::Error::InvalidArgument(format!(
+                    "{items} items in one disk report; at most {}",
+                    crate::config::MAX_BATCH_KEYS * 4
+                )));
+            }
+            for k in r
+                .moved
+                .iter()
+                .chain(&r.failed)
+                .chain(&r.dropped)
+                .chain(&r.held)
+            {
+                self.ops.check_keys(std::slice::from_ref(&k.key))?;
+            }
+            let reply = self.ops.disk_report(&convert::disk_report(&r)).await?;
+            Ok(pb::DiskReportResponse {
+                moved: reply.moved,
+                unknown: reply.unknown.iter().map(convert::disk_item_of).collect(),
             })
         })
         .await

@@ -15,6 +15,7 @@
 pub mod eviction;
 pub mod leases;
 pub mod liveness;
+pub mod offload;
 pub mod placement;
 pub mod reservations;
 pub mod shadow;
@@ -63,6 +64,9 @@ pub struct PlacedReplica {
     pub node_name: String,
     pub data_addrs: Vec<String>,
     pub extents: Vec<Extent>,
+    /// The mount generation whose key signs this replica's grants: the segment's own, or for
+    /// a disk replica its node's current segment (the key its sidecar verifies with).
+    pub key_generation: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -90,6 +94,8 @@ pub struct Heartbeat {
     pub highest_term_seen: u64,
     pub in_flight: Vec<(Version, Vec<Extent>)>,
     pub released: Vec<Version>,
+    /// The node's disk tier (none: no disks in service).
+    pub disk: offload::DiskTier,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -99,6 +105,8 @@ pub struct HeartbeatReply {
     pub unmounted: bool,
     pub quarantined: Vec<Version>,
     pub draining: bool,
+    /// Objects for the node to copy to its disk tier.
+    pub offload: Vec<offload::Order>,
 }
 
 /// What a commit turned into.
@@ -129,6 +137,8 @@ pub struct Leader {
     evict_proposed_ms: u64,
     expire_proposed_ms: Option<u64>,
     drain_proposed: BTreeSet<SegmentId>,
+    /// Offload orders to nodes with a disk tier.
+    pub offloads: offload::Offloads,
 }
 
 impl Leader {
@@ -150,6 +160,7 @@ impl Leader {
             evict_proposed_ms: 0,
             expire_proposed_ms: None,
             drain_proposed: BTreeSet::new(),
+            offloads: offload::Offloads::default(),
         }
     }
 
@@ -465,11 +476,13 @@ impl Leader {
             let extents = self.res.release(v, &hb.segment);
             self.shadow.free(&hb.segment, &extents);
         }
+        self.offloads.heard(hb.segment.node, hb.disk);
         HeartbeatReply {
             remount: false,
             unmounted: false,
             quarantined: self.res.quarantined_on(&hb.segment),
             draining: matches!(seg.state, SegmentState::Draining { .. }),
+            offload: self.offloads.take_orders(hb.segment.node),
         }
     }
 
@@ -566,6 +579,7 @@ impl Leader {
                 self.live.heard(*segment, now.mono_ms);
             }
             Effect::Unmounted { segment } => {
+                self.offloads.forget_node(segment.node);
                 self.shadow.remove_segment(segment);
                 self.res.drop_segment(segment);
                 self.leases.drop_segment(segment);
@@ -648,10 +662,59 @@ impl Leader {
         if let Some(c) = self.expiry_due(sm, now) {
             out.push(c);
         }
+        self.offloads.expire(now.mono_ms);
+        self.plan_offloads(sm, now);
         if let Some(c) = self.eviction_due(sm, now, 0) {
             out.push(c);
         }
         out
+    }
+
+    /// Orders offloads when usage is above the offload watermark (nothing to propose: the
+    /// nodes copy, then report, and the leader commits the moves).
+    fn plan_offloads(&mut self, sm: &StateMachine, now: Now) {
+        if self.offloads.is_idle() {
+            return;
+        }
+        let (total, free) = self.shadow.usage();
+        if total == 0 {
+            return;
+        }
+        let used = total - free;
+        if used <= (total as f64 * self.cfg.offload_watermark) as u64 {
+            return;
+        }
+        let target =
+            (total as f64 * (self.cfg.offload_watermark - self.cfg.eviction_ratio).max(0.0)) as u64;
+        let need = used
+            .saturating_sub(target)
+            .saturating_sub(self.offloads.in_flight_bytes());
+        if need == 0 {
+            return;
+        }
+        let offloads = &self.offloads;
+        let p = eviction::plan(
+            sm,
+            self.offloads.cursor,
+            need,
+            self.access_floor,
+            &self.evicting,
+            |k, o| offloads.is_ordered(k) || offloads.target(sm, o).is_none(),
+        );
+        self.offloads.cursor = p.cursor;
+        let mut n = 0;
+        for k in &p.keys {
+            n += self.offloads.order(sm, k, now.mono_ms) as usize;
+        }
+        if n > 0 {
+            tracing::info!(
+                objects = n,
+                bytes = p.bytes,
+                used,
+                total,
+                "offloading to disk tiers"
+            );
+        }
     }
 
     fn drains_done(&mut self, sm: &StateMachine, now: Now) -> Vec<Command> {
@@ -711,14 +774,18 @@ impl Leader {
             return None;
         }
         let leases = &self.leases;
+        let offloads = &self.offloads;
         let now_ms = now.mono_ms;
+        // Objects only on disk free no memory; objects being offloaded soon free theirs.
         let p = eviction::plan(
             sm,
             self.evict_cursor,
             need,
             self.access_floor,
             &self.evicting,
-            |_, o| leases.active(&o.version, now_ms),
+            |k, o| {
+                leases.active(&o.version, now_ms) || o.footprint() == 0 || offloads.is_ordered(k)
+            },
         );
         self.evict_cursor = p.cursor;
         if p.keys.is_empty() {
@@ -738,12 +805,18 @@ impl Leader {
 }
 
 fn placed_replica(sm: &StateMachine, r: &Replica) -> PlacedReplica {
-    let seg = sm.segment(&r.segment);
+    // A disk replica is served by its node's sidecar, at its current segment's addresses.
+    let seg = if r.segment.is_disk() {
+        sm.node_segment(r.segment.node)
+    } else {
+        sm.segment(&r.segment)
+    };
     PlacedReplica {
         segment: r.segment,
         node_name: seg.map(|s| s.name.clone()).unwrap_or_default(),
         data_addrs: seg.map(|s| s.data_addrs.clone()).unwrap_or_default(),
         extents: r.extents.clone(),
+        key_generation: seg.map_or(r.segment.generation, |s| s.id.generation),
     }
 }
 

@@ -518,3 +518,147 @@ fn remove_all_equals_removing_every_key() {
     }
     assert_eq!(at_once.next_expiry(), one_by_one.next_expiry());
 }
+
+// ---------------------------------------------------------------- disk tier (issue 12)
+
+fn heartbeat_with_disk(core: &mut Core, now: Now) -> Vec<offload::Order> {
+    let segs: Vec<SegmentId> = core.sm().segments().map(|s| s.id).collect();
+    let (l, sm) = core.leader_parts().expect("leader");
+    let mut orders = Vec::new();
+    for s in segs {
+        let r = l.heartbeat(
+            sm,
+            &Heartbeat {
+                segment: s,
+                disk: offload::DiskTier {
+                    disks: 1,
+                    capacity: 64 << 20,
+                    used: 0,
+                },
+                ..Default::default()
+            },
+            now,
+        );
+        orders.extend(r.offload);
+    }
+    orders
+}
+
+#[test]
+fn above_the_offload_watermark_nodes_with_disks_move_objects_out_of_memory() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    assert!(heartbeat_with_disk(&mut core, t0).is_empty());
+    // 220 of 256 pages: 86 % used, above the 80 % offload watermark, below eviction's 90 %.
+    for i in 0..220 {
+        put_and_commit(&mut core, &put(&format!("k{i}"), 0), t0);
+    }
+    let used_before = core.sm().bytes_used();
+    let t1 = at(2_000, t0.wall_ms + 1_000);
+    {
+        let (l, sm) = core.leader_parts().unwrap();
+        let cmds = l.tick(sm, t1, true);
+        assert!(
+            !cmds.iter().any(|c| matches!(c, Command::Evict { .. })),
+            "nothing is dropped while offload can make room: {cmds:?}"
+        );
+    }
+    let orders = heartbeat_with_disk(&mut core, t1);
+    // Down to 75 %: 220 - 192 = 28 pages at least.
+    assert!(orders.len() >= 28, "{} orders", orders.len());
+    assert!(orders
+        .iter()
+        .all(|o| o.size == 4096 && o.extents.len() == 1));
+    // Ordered keys are not ordered again while their copy is under way.
+    {
+        let (l, sm) = core.leader_parts().unwrap();
+        l.tick(sm, at(2_100, t1.wall_ms), true);
+    }
+    assert!(heartbeat_with_disk(&mut core, t1).is_empty());
+
+    let node = core.sm().segments().next().unwrap().id.node;
+    let items: Vec<crate::command::DiskMove> = orders
+        .iter()
+        .map(|o| crate::command::DiskMove {
+            key: o.key.clone(),
+            version: o.version,
+            disk: 0,
+        })
+        .collect();
+    let out = core.apply(&Command::MoveToDisk { node, items }, t1);
+    assert_eq!(out, Outcome::MovedToDisk(vec![true; orders.len()]));
+    let freed = orders.len() as u64 * 4096;
+    assert_eq!(core.sm().bytes_used(), used_before - freed);
+    let seg = core.sm().segments().next().unwrap().clone();
+    assert_eq!(seg.used, used_before - freed);
+    let k = &orders[0].key;
+    let o = core.sm().object(k).unwrap();
+    assert_eq!(o.footprint(), 0);
+    assert!(o.replicas.has_disk());
+    assert!(o.replicas.to_vec()[0].segment.is_disk());
+    // A second move of the same version changes nothing.
+    let again = Command::MoveToDisk {
+        node,
+        items: vec![crate::command::DiskMove {
+            key: k.clone(),
+            version: o.version,
+            disk: 0,
+        }],
+    };
+    assert_eq!(core.apply(&again, t1), Outcome::MovedToDisk(vec![false]));
+
+    // The node's disk drops one: the object had no other replica and is gone (an eviction).
+    let evicted = core.sm().counters().evicted_objects;
+    let v = core.sm().object(k).unwrap().version;
+    let out = core.apply(
+        &Command::DropFromDisk {
+            node,
+            items: vec![(k.clone(), v)],
+        },
+        t1,
+    );
+    assert_eq!(
+        out,
+        Outcome::DroppedFromDisk {
+            dropped: 1,
+            removed: 1
+        }
+    );
+    assert!(core.sm().object(k).is_none());
+    assert_eq!(core.sm().counters().evicted_objects, evicted + 1);
+
+    // A restart of the node's sidecar (a new generation) keeps its disk replicas...
+    let k2 = orders[1].key.clone();
+    core.apply(&mount("a", t1), t1);
+    assert!(core.sm().object(&k2).is_some_and(|o| o.replicas.has_disk()));
+    // ...a node declared dead loses them, counted as the node's losses.
+    let seg = core.sm().segments().next().unwrap().id;
+    let dead = core.sm().counters().dead_node_dropped_objects;
+    core.apply(
+        &Command::UnmountSegment {
+            segment: seg,
+            reason: UnmountReason::Dead,
+        },
+        t1,
+    );
+    assert!(core.sm().object(&k2).is_none());
+    assert!(core.sm().counters().dead_node_dropped_objects >= dead + orders.len() as u64 - 1);
+}
+
+#[test]
+fn without_disks_nothing_is_ordered_and_eviction_drops_as_before() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    heartbeat_and_tick(&mut core, t0);
+    for i in 0..240 {
+        put_and_commit(&mut core, &put(&format!("k{i}"), 0), t0);
+    }
+    let (l, sm) = core.leader_parts().unwrap();
+    let cmds = l.tick(sm, at(2_000, t0.wall_ms + 1_000), true);
+    assert!(cmds.iter().any(|c| matches!(c, Command::Evict { .. })));
+    assert!(l.offloads.is_idle());
+}

@@ -21,6 +21,7 @@
 //! leader and read gates and the key limits.
 
 pub mod backup;
+pub mod disk;
 pub mod get;
 pub mod members;
 pub mod meta;

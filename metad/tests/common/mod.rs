@@ -312,6 +312,7 @@ pub async fn heartbeat(
         released,
         used_bytes: 0,
         accessed: vec![],
+        ..Default::default()
     })
     .await
     .unwrap()

@@ -1,0 +1,112 @@
+//! The disk tier's reports (docs/ssd.md): offload orders done (moves to commit), disk
+//! replicas a node dropped, and a node's inventory after a restart, reconciled against the
+//! metadata.
+
+use crate::command::{Command, DiskMove, Outcome};
+use crate::error::{Error, Result};
+use crate::types::{NodeId, Version};
+
+use super::Ops;
+
+/// One `DiskReport` from a node.
+#[derive(Clone, Debug, Default)]
+pub struct DiskReport {
+    pub node: NodeId,
+    pub moved: Vec<DiskMove>,
+    /// Keys of orders not done.
+    pub failed: Vec<String>,
+    pub dropped: Vec<(String, Version)>,
+    pub inventory: bool,
+    pub held: Vec<DiskMove>,
+    pub inventory_done: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DiskReportReply {
+    /// Per moved item: committed.
+    pub moved: Vec<bool>,
+    /// Held records the metadata does not list on the node.
+    pub unknown: Vec<DiskMove>,
+}
+
+impl Ops {
+    pub async fn disk_report(&self, r: &DiskReport) -> Result<DiskReportReply> {
+        self.leader().await?;
+        let (unknown, missing) = {
+            let mut core = self.core.lock();
+            let (l, sm) = core.leader_parts().ok_or(Error::NoLeaderState)?;
+            for m in &r.moved {
+                l.offloads.reported(&m.key);
+            }
+            for k in &r.failed {
+                l.offloads.reported(k);
+            }
+            let mut unknown = Vec::new();
+            let mut missing = Vec::new();
+            if r.inventory {
+                let listed = |k: &str, v: Version| {
+                    sm.object(k).is_some_and(|o| {
+                        o.version == v
+                            && o.replicas
+                                .pieces()
+                                .iter()
+                                .any(|p| p.is_disk() && p.node.get() as u64 == r.node)
+                    })
+                };
+                let inv = l.offloads.inventories.entry(r.node).or_default();
+                for h in &r.held {
+                    if listed(&h.key, h.version) {
+                        inv.insert((h.key.clone(), h.version));
+                    } else {
+                        unknown.push(h.clone());
+                    }
+                }
+                if r.inventory_done {
+                    let inv = l.offloads.inventories.remove(&r.node).unwrap_or_default();
+                    missing = sm
+                        .objects()
+                        .filter(|(k, o)| {
+                            o.replicas
+                                .pieces()
+                                .iter()
+                                .any(|p| p.is_disk() && p.node.get() as u64 == r.node)
+                                && !inv.contains(&(k.to_string(), o.version))
+                        })
+                        .map(|(k, o)| (k.to_string(), o.version))
+                        .collect();
+                }
+            }
+            (unknown, missing)
+        };
+        let mut moved = vec![false; r.moved.len()];
+        if !r.moved.is_empty() {
+            match self
+                .propose(Command::MoveToDisk {
+                    node: r.node,
+                    items: r.moved.clone(),
+                })
+                .await?
+            {
+                Outcome::MovedToDisk(v) if v.len() == moved.len() => moved = v,
+                other => return Err(Error::Internal(format!("move to disk answered {other:?}"))),
+            }
+        }
+        let mut drop: Vec<(String, Version)> = r.dropped.clone();
+        if !missing.is_empty() {
+            tracing::info!(
+                node = r.node,
+                objects = missing.len(),
+                "disk replicas the node no longer holds after its restart: dropped"
+            );
+        }
+        drop.extend(missing);
+        if !drop.is_empty() {
+            self.propose(Command::DropFromDisk {
+                node: r.node,
+                items: drop,
+            })
+            .await?;
+        }
+        Ok(DiskReportReply { moved, unknown })
+    }
+}
