@@ -197,6 +197,7 @@ impl Table {
             highest_term_seen: l.term,
             in_flight: Vec::new(),
             released,
+            ..Default::default()
         };
         let reply = l.heartbeat(sm, &hb, now);
         assert!(!reply.remount);

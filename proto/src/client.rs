@@ -381,6 +381,16 @@ impl MetadClient {
         .await
     }
 
+    /// The disk tier's report (docs/ssd.md).
+    pub async fn disk_report(&self, req: DiskReportRequest) -> Result<DiskReportResponse> {
+        self.call("disk_report", |mut c| {
+            let r = req.clone();
+            async move { c.disk_report(r).await }
+        })
+        .await
+        .map(|(r, _)| r)
+    }
+
     /// Reserves space for one put; returns the reply and the issuing leader's address, where the
     /// commit must go.
     pub async fn reserve(&self, req: ReserveRequest) -> Result<(ReserveResponse, String)> {

@@ -212,6 +212,12 @@ impl Index {
                 }
                 _ => {
                     let s = self.segments.get(p.slot as usize)?.as_ref()?;
+                    // Disk replicas are read with the leader's placement (a disk read costs
+                    // far more than the round trip, and the index keeps no node addresses
+                    // for them).
+                    if regolith_proto::disk_tier::is_disk_generation(s.generation) {
+                        return None;
+                    }
                     replicas.push(Replica {
                         node_id: s.node_id,
                         generation: s.generation,

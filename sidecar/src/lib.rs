@@ -18,6 +18,8 @@
 //!   `Watch` stream, its health, and the accesses reported to the leader.
 //! * [`handover`] — upgrades that keep the cache: the segment memfd, the listeners and the
 //!   state handed to a successor process (`--takeover`) over a Unix socket (SCM_RIGHTS).
+//! * [`disk`] — the node's disk tier (format, layout, one disk's I/O, the disks together);
+//!   [`offload`] — its side of offload, drops and reconciliation with metad.
 //! * [`node`] — the running sidecar: identity, mount, heartbeats, drain, unmount.
 //! * [`uds`] — the UDS server: socket, sessions, hello with memfds, and the translation of
 //!   requests and replies to and from [`ops`].
@@ -42,6 +44,7 @@ pub mod index;
 pub mod mem;
 pub mod metrics;
 pub mod node;
+pub mod offload;
 pub mod ops;
 pub mod run;
 pub mod segment;

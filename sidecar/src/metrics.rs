@@ -53,6 +53,7 @@ pub struct Metrics {
     pub index_answers: IntCounterVec,
     pub index_stale_reads: IntCounterVec,
     pub accesses_dropped: IntCounter,
+    pub disk_offloads: IntCounter,
     pub disk_healthy: IntGaugeVec,
     pub disk_capacity_bytes: IntGaugeVec,
     pub disk_used_bytes: IntGaugeVec,
@@ -254,6 +255,7 @@ impl Metrics {
             disk_evicted: gv("disk_evicted", "Records dropped by the disk's own eviction (least recently used bucket)", &["disk"]),
             disk_compacted: gv("disk_compacted", "Records moved by compaction", &["disk"]),
             disk_lost: gv("disk_lost", "Objects dropped because their disk failed", &["disk"]),
+            disk_offloads: c("disk_offloads_total", "Objects this node moved from its memory to its disk tier (committed)"),
             index_objects: g("index_objects", "Objects in this node's index"),
             index_bytes: g(
                 "index_bytes",

@@ -56,6 +56,8 @@ pub struct Sidecar {
     pub hb_gate: Arc<tokio::sync::Mutex<()>>,
     /// The node's disk tier (`--disk`; empty: DRAM only).
     pub disks: Arc<crate::disk::Tier>,
+    /// Offload orders from heartbeat replies, for [`crate::offload::run`].
+    pub offload_tx: tokio::sync::mpsc::UnboundedSender<crate::offload::Orders>,
 }
 
 pub fn metad_clients(settings: &Settings) -> Result<(MetadClient, MetadClient)> {
@@ -187,7 +189,9 @@ impl Sidecar {
             released: self.store.tracker.released(),
             used_bytes: self.segment_used.load(Ordering::Relaxed),
             accessed: self.store.index.take_accesses(),
-            ..Default::default()
+            disks: self.disks.numbered().count() as u32,
+            disk_capacity: crate::disk::tier::totals(&self.disks).0,
+            disk_used: crate::disk::tier::totals(&self.disks).1,
         };
         let reply = match self.hb_client.heartbeat(req).await {
             Ok((r, _)) => r,
@@ -214,6 +218,9 @@ impl Sidecar {
         if reply.remount {
             self.remount().await;
             return true;
+        }
+        if !reply.offload.is_empty() {
+            let _ = self.offload_tx.send(reply.offload);
         }
         let released = self.store.tracker.quarantined(&reply.quarantined);
         if !released.is_empty() {

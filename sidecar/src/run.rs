@@ -265,6 +265,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
                 .map_err(|e| Error::Config(format!("opening the disks: {e}")))?,
         )
     };
+    let (offload_tx, offload_rx) = tokio::sync::mpsc::unbounded_channel();
     let store = Store::new(
         Arc::new(metad.clone()),
         node_id,
@@ -273,7 +274,8 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         data,
         metrics.clone(),
     )
-    .with_index(index.clone());
+    .with_index(index.clone())
+    .with_disks(disks.clone());
     let side = Arc::new(Sidecar {
         settings: settings.clone(),
         store: Arc::new(store),
@@ -294,6 +296,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         server: Mutex::new(None),
         hb_gate: Arc::new(tokio::sync::Mutex::new(())),
         disks: disks.clone(),
+        offload_tx,
     });
     let mut serving = handover::Serving::new(side.clone(), stop.clone());
     serving.listeners().data = std::mem::take(&mut start.data)
@@ -322,7 +325,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         .as_ref()
         .and_then(|t| t.spawn_reloader(stop.clone()));
     let hb = tokio::spawn(side.clone().heartbeat_loop(stop.clone()));
-    let disk_upkeep = tokio::spawn(crate::disk::tier::upkeep_loop(disks, stop.clone()));
+    let disk_upkeep = tokio::spawn(crate::offload::run(side.clone(), offload_rx, stop.clone()));
     let watch = tokio::spawn(crate::watch::run(
         index,
         side.metad.clone(),

@@ -137,6 +137,8 @@ pub struct Tracker {
     /// While a hand-over closes the client sessions: their local copies are held (for
     /// [`HOLD`]) instead of dropped, since the server, not the client, ended them.
     hold_closing: AtomicBool,
+    /// The node's disk tier, which serves data-plane reads of disk replicas.
+    disks: std::sync::OnceLock<Arc<crate::disk::Tier>>,
 }
 
 impl Tracker {
@@ -147,7 +149,13 @@ impl Tracker {
             highest_term: AtomicU64::new(0),
             inner: Mutex::new(Inner::default()),
             hold_closing: AtomicBool::new(false),
+            disks: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The disk tier that serves reads of this node's disk replicas (set once, at start).
+    pub fn set_disks(&self, disks: Arc<crate::disk::Tier>) {
+        let _ = self.disks.set(disks);
     }
 
     pub fn generation(&self) -> u64 {
@@ -421,6 +429,29 @@ impl Admission for TrackerAdmission {
             return Err(Status::BadGeneration);
         }
         self.0.grants.check(Kind::Read, req)
+    }
+
+    fn read_disk(&self, req: &Request, dst: &mut [u8]) -> Result<(), Status> {
+        let Some(disk) = regolith_proto::disk_tier::disk_of(req.generation) else {
+            return Err(Status::BadGeneration);
+        };
+        self.0.grants.check(Kind::Read, req)?;
+        let tier = self.0.disks.get().ok_or(Status::BadGeneration)?;
+        let version = Version {
+            term: req.term,
+            id: req.res_id,
+        };
+        let d = tier
+            .holder(&version, Some(disk))
+            .ok_or(Status::BadGeneration)?;
+        match d.read_range(&version, req.offset, dst) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Status::BadGeneration),
+            Err(e) => {
+                tracing::warn!(error = %e, "disk read for a peer failed");
+                Err(Status::Internal)
+            }
+        }
     }
 
     fn highest_term(&self) -> u64 {

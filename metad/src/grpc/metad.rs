@@ -318,6 +318,7 @@ impl Metad for MetadService {
             Ok(pb::DiskReportResponse {
                 moved: reply.moved,
                 unknown: reply.unknown.iter().map(convert::disk_item_of).collect(),
+                offload: reply.offload.iter().map(convert::offload_order).collect(),
             })
         })
         .await

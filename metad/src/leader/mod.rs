@@ -672,7 +672,7 @@ impl Leader {
 
     /// Orders offloads when usage is above the offload watermark (nothing to propose: the
     /// nodes copy, then report, and the leader commits the moves).
-    fn plan_offloads(&mut self, sm: &StateMachine, now: Now) {
+    pub fn plan_offloads(&mut self, sm: &StateMachine, now: Now) {
         if self.offloads.is_idle() {
             return;
         }
@@ -681,11 +681,17 @@ impl Leader {
             return;
         }
         let used = total - free;
-        if used <= (total as f64 * self.cfg.offload_watermark) as u64 {
-            return;
-        }
         let target =
             (total as f64 * (self.cfg.offload_watermark - self.cfg.eviction_ratio).max(0.0)) as u64;
+        // Hysteresis: offload starts above the watermark and goes on down to the target.
+        if used <= target {
+            self.offloads.active = false;
+            return;
+        }
+        if !self.offloads.active && used <= (total as f64 * self.cfg.offload_watermark) as u64 {
+            return;
+        }
+        self.offloads.active = true;
         let need = used
             .saturating_sub(target)
             .saturating_sub(self.offloads.in_flight_bytes());
@@ -765,7 +771,9 @@ impl Leader {
         if total == 0 {
             return None;
         }
-        let used = total - free;
+        // Bytes being offloaded will be free soon: only a reservation that finds no space
+        // (`extra`) evicts before they are.
+        let used = (total - free).saturating_sub(self.offloads.in_flight_bytes());
         let high = (total as f64 * self.cfg.eviction_high_watermark) as u64;
         let target =
             (total as f64 * (self.cfg.eviction_high_watermark - self.cfg.eviction_ratio)) as u64;

@@ -45,6 +45,8 @@ pub struct Offloads {
     in_flight: HashMap<String, (NodeId, u64, u64)>,
     in_flight_bytes: u64,
     pub cursor: Cursor,
+    /// Usage crossed the offload watermark and has not come down to the target yet.
+    pub active: bool,
     /// Inventories being reported by restarted nodes (`DiskReport` with `inventory`).
     pub inventories: HashMap<NodeId, HashSet<(String, Version)>>,
 }

@@ -27,6 +27,8 @@ pub struct DiskReportReply {
     pub moved: Vec<bool>,
     /// Held records the metadata does not list on the node.
     pub unknown: Vec<DiskMove>,
+    /// More orders for the node.
+    pub offload: Vec<crate::leader::offload::Order>,
 }
 
 impl Ops {
@@ -107,6 +109,21 @@ impl Ops {
             })
             .await?;
         }
-        Ok(DiskReportReply { moved, unknown })
+        let offload = {
+            let now = self.clock.now();
+            let mut core = self.core.lock();
+            match core.leader_parts() {
+                Some((l, sm)) => {
+                    l.plan_offloads(sm, now);
+                    l.offloads.take_orders(r.node)
+                }
+                None => Vec::new(),
+            }
+        };
+        Ok(DiskReportReply {
+            moved,
+            unknown,
+            offload,
+        })
     }
 }

@@ -88,6 +88,9 @@ pub struct Layout {
     buckets: Vec<Bucket>,
     open: Option<u32>,
     entries: HashMap<String, Entry>,
+    /// Version → key of every live record (versions are unique cluster-wide; data-plane reads
+    /// name an object by its version only).
+    by_version: HashMap<Version, String>,
     clock: u64,
     live_bytes: u64,
     /// Highest bucket epoch ever used on the disk: each (re)opening takes the next, so no
@@ -103,6 +106,7 @@ impl Layout {
             buckets: Vec::new(),
             open: None,
             entries: HashMap::new(),
+            by_version: HashMap::new(),
             clock: 0,
             live_bytes: 0,
             epoch: 0,
@@ -273,10 +277,18 @@ impl Layout {
         if let Some(o) = old {
             self.unlink(&o);
         }
+        self.by_version.insert(e.version, key.to_owned());
         old
     }
 
     fn unlink(&mut self, e: &Entry) {
+        if self.by_version.get(&e.version).is_some_and(|k| {
+            self.entries
+                .get(k)
+                .is_none_or(|cur| cur.version != e.version)
+        }) {
+            self.by_version.remove(&e.version);
+        }
         self.live_bytes -= e.shape.len;
         let bk = &mut self.buckets[e.bucket as usize];
         bk.live -= 1;
@@ -297,6 +309,11 @@ impl Layout {
     /// The record of `key`, leaving the eviction order alone.
     pub fn peek(&self, key: &str) -> Option<&Entry> {
         self.entries.get(key)
+    }
+
+    /// The key of the live record of `version`.
+    pub fn key_of(&self, version: &Version) -> Option<&str> {
+        self.by_version.get(version).map(|k| k.as_str())
     }
 
     /// Unlinks `key`'s record if it is of `version` (any version when None).
@@ -358,6 +375,7 @@ impl Layout {
     /// Drops every record (a failed disk); returns what was dropped.
     pub fn clear(&mut self) -> Vec<(String, Entry)> {
         let all: Vec<_> = self.entries.drain().collect();
+        self.by_version.clear();
         for bk in &mut self.buckets {
             bk.live = 0;
             bk.live_bytes = 0;

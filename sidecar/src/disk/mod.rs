@@ -21,6 +21,15 @@ use regolith_proto::units::parse_size;
 pub use store::{Disk, DiskStatus, Dropped, ReadOutcome, ScanReport, WriteItem, Written};
 pub use tier::Tier;
 
+/// Runs blocking disk I/O from async code: on a multi-threaded runtime the worker hands its
+/// other tasks off first (`block_in_place`); elsewhere (tests) it runs in place.
+pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// One `--disk PATH[:SIZE]`: a directory on one device, and the most Regolith may use there
 /// (default: the file system's free space less a margin, re-checked as it runs).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -136,6 +136,8 @@ pub struct Disk {
     /// read would cost more than a small read itself).
     read_bufs: Mutex<Vec<AlignedBuf>>,
     failed: AtomicBool,
+    /// What the failure dropped, until [`Disk::take_lost`] hands it on (to the metadata).
+    lost: Mutex<Vec<Dropped>>,
     pub stats: DiskStats,
 }
 
@@ -199,6 +201,7 @@ impl Disk {
             writer: Mutex::new(AlignedBuf::new(IO_CHUNK)?),
             read_bufs: Mutex::new(Vec::new()),
             failed: AtomicBool::new(false),
+            lost: Mutex::new(Vec::new()),
             stats: DiskStats::default(),
         };
         // The capacity counts what this disk already holds as usable.
@@ -285,7 +288,72 @@ impl Disk {
         self.stats
             .lost
             .fetch_add(dropped.len() as u64, Ordering::Relaxed);
+        self.lost.lock().extend(dropped.iter().cloned());
         dropped
+    }
+
+    /// The objects a failure dropped and nobody reported yet.
+    pub fn take_lost(&self) -> Vec<Dropped> {
+        std::mem::take(&mut *self.lost.lock())
+    }
+
+    /// The key of the record of `version`, if held.
+    pub fn key_of(&self, version: &Version) -> Option<String> {
+        self.inner.lock().layout.key_of(version).map(str::to_owned)
+    }
+
+    /// Copies `dst.len()` bytes of the value of `version`'s record from `offset` on (a slice
+    /// of a data-plane read), unverified: the reader checks the whole object's checksum.
+    /// Answers false when no such record is held (or its header no longer says so).
+    pub fn read_range(&self, version: &Version, offset: u64, dst: &mut [u8]) -> Result<bool> {
+        if self.is_failed() {
+            return Err(self.failed_error());
+        }
+        let t0 = Instant::now();
+        let (e, file) = {
+            let mut inner = self.inner.lock();
+            let Some(key) = inner.layout.key_of(version).map(str::to_owned) else {
+                return Ok(false);
+            };
+            let Some(e) = inner.layout.get(&key) else {
+                return Ok(false);
+            };
+            if offset.saturating_add(dst.len() as u64) > e.shape.value_len {
+                return Ok(false);
+            }
+            match self.file(&mut inner, e.bucket, false) {
+                Ok(f) => (e, f),
+                Err(err) => {
+                    drop(inner);
+                    return Err(self.io_failure("open bucket", err));
+                }
+            }
+        };
+        let mut held = match self.read_bufs.lock().pop() {
+            Some(b) => b,
+            None => AlignedBuf::new(IO_CHUNK)?,
+        };
+        let r = read_range_with(&mut held.0[..], &file, &e, offset, dst);
+        {
+            let mut pool = self.read_bufs.lock();
+            if pool.len() < 4 {
+                pool.push(held);
+            }
+        }
+        match r {
+            Ok(ok) => {
+                if ok {
+                    self.stats
+                        .read_bytes
+                        .fetch_add(dst.len() as u64, Ordering::Relaxed);
+                    self.stats
+                        .read_micros
+                        .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+                }
+                Ok(ok)
+            }
+            Err(err) => Err(self.io_failure("read", err)),
+        }
     }
 
     fn failed_error(&self) -> Error {
@@ -545,6 +613,10 @@ impl Disk {
                         inner.layout.remove(key, Some(e.version));
                     }
                     self.stats.corrupt_records.fetch_add(1, Ordering::Relaxed);
+                    self.lost.lock().push(Dropped {
+                        key: key.to_owned(),
+                        version: e.version,
+                    });
                     tracing::warn!(disk = %self.spec.path.display(), key, version = ?e.version, "damaged record read as a miss and dropped");
                     return Ok(ReadOutcome::Corrupt { version: e.version });
                 }
@@ -744,6 +816,49 @@ impl Disk {
         self.forget_bucket(b)?;
         Ok(true)
     }
+}
+
+/// Reads `dst.len()` bytes of `e`'s value from `offset` on, after checking that the record's
+/// head still names its version and epoch.
+fn read_range_with(
+    buf: &mut [u8],
+    file: &File,
+    e: &Entry,
+    offset: u64,
+    dst: &mut [u8],
+) -> std::io::Result<bool> {
+    read_exact_at(file, &mut buf[..BLOCK as usize], e.offset)?;
+    match decode_record_head(&buf[..BLOCK as usize]) {
+        Ok(h) if h.version == e.version && h.epoch == e.epoch => {}
+        // A key longer than one block: the fixed header's fields were checked by the hash
+        // only once the key is read; read the whole head.
+        Err(NotARecord::Short { need }) => {
+            let n = align_block(need as u64) as usize;
+            if n > buf.len() {
+                return Ok(false);
+            }
+            read_exact_at(file, &mut buf[..n], e.offset)?;
+            match decode_record_head(&buf[..n]) {
+                Ok(h) if h.version == e.version && h.epoch == e.epoch => {}
+                _ => return Ok(false),
+            }
+        }
+        _ => return Ok(false),
+    }
+    let start = e.offset + e.shape.value_off + offset;
+    let end = start + dst.len() as u64;
+    let mut pos = start / BLOCK * BLOCK;
+    let mut copied = 0usize;
+    while copied < dst.len() {
+        let n = (align_block(end) - pos).min(buf.len() as u64) as usize;
+        read_exact_at(file, &mut buf[..n], pos)?;
+        let from = start.saturating_sub(pos) as usize;
+        let take = (n - from).min(dst.len() - copied);
+        dst[copied..copied + take].copy_from_slice(&buf[from..from + take]);
+        copied += take;
+        pos += n as u64;
+    }
+    Ok(true)
 }
 
 enum RecordRead {
@@ -1144,6 +1259,40 @@ mod tests {
             ReadOutcome::Miss
         );
         assert_eq!(d.read("nope", None, &mut out).unwrap(), ReadOutcome::Miss);
+    }
+
+    #[test]
+    fn a_range_of_a_value_is_read_by_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, _) = open(dir.path(), 8 * MIB);
+        assert_eq!(put(&d, "big", 5, 300_000), Written::Ok);
+        assert_eq!(put(&d, "small", 6, 5_000), Written::Ok);
+        let val = value(5, 300_000);
+        assert_eq!(d.key_of(&v(5)).as_deref(), Some("big"));
+        for (off, len) in [
+            (0usize, 300_000usize),
+            (70_000, 100_000),
+            (299_999, 1),
+            (4095, 8193),
+        ] {
+            let mut out = vec![0u8; len];
+            assert!(d.read_range(&v(5), off as u64, &mut out).unwrap());
+            assert!(out == val[off..off + len], "{off}+{len}");
+        }
+        let mut out = vec![0u8; 100];
+        assert!(d.read_range(&v(6), 4_900, &mut out).unwrap());
+        assert!(out == value(6, 5_000)[4_900..]);
+        assert!(
+            !d.read_range(&v(6), 4_950, &mut out).unwrap(),
+            "past the value"
+        );
+        assert!(
+            !d.read_range(&v(99), 0, &mut out).unwrap(),
+            "no such version"
+        );
+        assert!(d.remove("big", None));
+        assert!(d.key_of(&v(5)).is_none());
+        assert!(!d.read_range(&v(5), 0, &mut out).unwrap());
     }
 
     #[test]

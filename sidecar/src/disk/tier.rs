@@ -5,8 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use regolith_proto::shutdown::Shutdown;
-
 use super::store::{Disk, DiskStatus, OpenOptionsExt2};
 use super::{DiskSpec, Dropped};
 
@@ -22,6 +20,14 @@ pub enum Slot {
 #[derive(Default)]
 pub struct Tier {
     pub slots: Vec<Slot>,
+}
+
+impl std::fmt::Debug for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tier")
+            .field("disks", &self.slots.len())
+            .finish()
+    }
 }
 
 impl Tier {
@@ -56,6 +62,39 @@ impl Tier {
 
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
+    }
+
+    /// The disks in service with their numbers (their places in `--disk`).
+    pub fn numbered(&self) -> impl Iterator<Item = (u32, &Arc<Disk>)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| match s {
+            Slot::Open(d) if !d.is_failed() => Some((i as u32, d)),
+            _ => None,
+        })
+    }
+
+    /// The disk holding the record of `version`, looking at disk `hint` first.
+    pub fn holder(
+        &self,
+        version: &regolith_proto::common::Version,
+        hint: Option<u32>,
+    ) -> Option<&Arc<Disk>> {
+        let first = hint.and_then(|h| match self.slots.get(h as usize) {
+            Some(Slot::Open(d)) if !d.is_failed() && d.key_of(version).is_some() => Some(d),
+            _ => None,
+        });
+        first.or_else(|| self.disks().find(|d| d.key_of(version).is_some()))
+    }
+
+    /// Objects lost with failed disks, not reported yet.
+    pub fn take_lost(&self) -> Vec<Dropped> {
+        self.slots
+            .iter()
+            .filter_map(|s| match s {
+                Slot::Open(d) => Some(d.take_lost()),
+                Slot::FailedAtOpen { .. } => None,
+            })
+            .flatten()
+            .collect()
     }
 
     /// The disks in service.
@@ -103,27 +142,8 @@ impl Tier {
                 tracing::warn!(disk = %d.path().display(), error = %e, "compaction");
             }
         }
+        dropped.extend(self.take_lost());
         dropped
-    }
-}
-
-/// Probes and compacts the disks every [`PROBE_INTERVAL`] until shutdown.
-pub async fn upkeep_loop(tier: Arc<Tier>, stop: Shutdown) {
-    if tier.is_empty() {
-        return;
-    }
-    loop {
-        tokio::select! {
-            _ = stop.wait() => return,
-            _ = tokio::time::sleep(PROBE_INTERVAL) => {}
-        }
-        let t = tier.clone();
-        let dropped = tokio::task::spawn_blocking(move || t.upkeep())
-            .await
-            .unwrap_or_default();
-        if !dropped.is_empty() {
-            tracing::warn!(objects = dropped.len(), "disk objects dropped by upkeep");
-        }
     }
 }
 

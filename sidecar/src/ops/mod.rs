@@ -164,6 +164,8 @@ pub struct Store {
     pub metrics: Arc<Metrics>,
     /// The node's object index (answers exists and gets while synced).
     pub index: Arc<NodeIndex>,
+    /// The node's disk tier (reads of its disk replicas).
+    pub disks: Arc<crate::disk::Tier>,
     node_id: AtomicU64,
     /// Puts and gets served (for `STATS`).
     pub puts: AtomicU64,
@@ -185,11 +187,19 @@ impl Store {
             tracker,
             data,
             index: Arc::new(NodeIndex::disabled(metrics.clone())),
+            disks: Arc::new(crate::disk::Tier::default()),
             metrics,
             node_id: AtomicU64::new(node_id),
             puts: AtomicU64::new(0),
             gets: AtomicU64::new(0),
         }
+    }
+
+    /// The store with this disk tier (the default has none).
+    pub fn with_disks(mut self, disks: Arc<crate::disk::Tier>) -> Self {
+        self.tracker.set_disks(disks.clone());
+        self.disks = disks;
+        self
     }
 
     /// The store with this index (the default one never answers).

@@ -151,6 +151,31 @@ impl Store {
         Ok(())
     }
 
+    /// Reads a replica on this node's own disk `disk` into `dst`, verified, filling `hashes`.
+    fn read_own_disk(
+        &self,
+        disk: u32,
+        version: Version,
+        dst: &mut [u8],
+        hashes: &mut [u64],
+    ) -> Result<()> {
+        let gone = || {
+            Error::InvalidArgument(format!(
+                "no record of version {version:?} on this node's disks"
+            ))
+        };
+        let d = self.disks.holder(&version, Some(disk)).ok_or_else(gone)?;
+        let key = d.key_of(&version).ok_or_else(gone)?;
+        let out = crate::disk::blocking(|| d.read(&key, Some(version), dst))?;
+        match out {
+            crate::disk::ReadOutcome::Hit { .. } => {
+                checksum::hash_chunks(version.seed(), dst, hashes);
+                Ok(())
+            }
+            _ => Err(gone()),
+        }
+    }
+
     /// Reads the object from one replica into `dst` (exactly `size` bytes), filling `hashes`.
     pub async fn read_replica(
         &self,
@@ -161,6 +186,11 @@ impl Store {
     ) -> Result<()> {
         let size = dst.len() as u64;
         let whole = [span(0, size)];
+        if rep.node_id == self.node_id() {
+            if let Some(disk) = regolith_proto::disk_tier::disk_of(rep.generation) {
+                return self.read_own_disk(disk, version, dst, hashes);
+            }
+        }
         if self.is_local(rep) {
             for p in pieces(&rep.extents, &whole, size) {
                 // SAFETY: bounds-checked view of our own segment, read once into private memory.

@@ -80,6 +80,14 @@ pub trait Admission: Send + Sync + 'static {
     /// compared with the highest term.
     fn admit_read(&self, req: &Request) -> Result<(), Status>;
 
+    /// Serves a read of a disk replica (`req.generation` a disk generation,
+    /// [`regolith_proto::disk_tier`]): checks its grant and fills `dst` from the disk tier.
+    /// BAD_GENERATION where the node holds no such record (or has no disks). Blocking.
+    fn read_disk(&self, req: &Request, dst: &mut [u8]) -> Result<(), Status> {
+        let _ = (req, dst);
+        Err(Status::BadGeneration)
+    }
+
     /// The highest term seen, echoed in every reply.
     fn highest_term(&self) -> u64;
 

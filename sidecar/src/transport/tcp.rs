@@ -1236,6 +1236,41 @@ async fn drain(
         .map_err(io_err(peer, "drain refused write body"))
 }
 
+/// A read of a disk replica: the bytes come from the node's disk tier through a buffer.
+async fn handle_disk_read(
+    stream: &mut DataStream,
+    peer: SocketAddr,
+    ctx: &ServerCtx,
+    nic: &NicCounters,
+    req: &Request,
+) -> Result<()> {
+    let mut buf = vec![0u8; req.len as usize];
+    let admission = ctx.admission.clone();
+    let r = crate::disk::blocking(|| admission.read_disk(req, &mut buf));
+    if let Err(status) = r {
+        ctx.count_refusal(peer, req, status);
+        return send_reply(stream, peer, ctx, req, status).await;
+    }
+    let reply = Reply {
+        req_id: req.req_id,
+        status: Status::Ok,
+        len: req.len,
+        term: ctx.admission.highest_term(),
+    };
+    let fut = async {
+        stream.write_all(&reply.encode()).await?;
+        stream.write_all(&buf).await?;
+        stream.flush().await
+    };
+    timeout(ctx.cfg.io_timeout, fut)
+        .await
+        .map_err(timed_out(peer, "send read data"))?
+        .map_err(io_err(peer, "send read data"))?;
+    nic.add_out(buf.len());
+    nic.slices.fetch_add(1, Relaxed);
+    Ok(())
+}
+
 async fn handle_read(
     stream: &mut DataStream,
     peer: SocketAddr,
@@ -1244,6 +1279,9 @@ async fn handle_read(
     req: &Request,
     scratch: &mut Vec<u8>,
 ) -> Result<()> {
+    if regolith_proto::disk_tier::is_disk_generation(req.generation) {
+        return handle_disk_read(stream, peer, ctx, nic, req).await;
+    }
     let admitted = ctx
         .segment
         .range(req.offset, req.len.into())
