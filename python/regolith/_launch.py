@@ -19,6 +19,7 @@ SIDECAR = {
     "metrics_addr": "--metrics-addr",
     "transport": "--transport",
     "rdma_device": "--rdma-device",
+    "disk": "--disk",
 }
 
 # `regolith --dir DIR up ...`: the global flag, the subcommand, its flags.

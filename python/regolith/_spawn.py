@@ -149,6 +149,7 @@ class SpawnedSidecar:
         protocol: str = "",
         device_name: str = "",
         socket_path: str | None = None,
+        disk: str | None = None,
     ) -> "SpawnedSidecar":
         """Starts one and waits until it serves. Its socket is private (in its temp dir)
         unless ``socket_path`` names one for other processes of the node to use."""
@@ -167,6 +168,9 @@ class SpawnedSidecar:
                 raise ConnectError(f"a sidecar already serves at {sock}")
         args = cls._args(exe, node_name, metad, segment_size, sock, tmp / "state")
         args += transport_args(protocol, device_name)
+        if disk:
+            # The node's disk tier (docs/ssd.md): LMCache's storage_root_dir.
+            args += sidecar_args(disk=disk)
         logger.info("starting a private sidecar: %s", " ".join(args))
         with open(log, "ab") as f:
             popen = subprocess.Popen(

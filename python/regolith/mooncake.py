@@ -29,6 +29,7 @@ import asyncio
 import functools
 import logging
 import os
+import socket as socket_module
 import re
 import threading
 from typing import Any
@@ -189,6 +190,17 @@ def _same_shape(outer: list, *inner: list) -> bool:
     return all(len(a) == len(b) for x in inner for a, b in zip(outer, x))
 
 
+
+def _disk_dir(cfg: SetupConfig) -> str | None:
+    """The disk tier of a spawned sidecar: Mooncake's ``storage_root_dir`` (a setup key, or
+    ``$MOONCAKE_STORAGE_ROOT_DIR`` as LMCache sets it), one directory per node under it
+    (docs/ssd.md); None without one."""
+    root = cfg.ignored.get("storage_root_dir") or os.environ.get("MOONCAKE_STORAGE_ROOT_DIR")
+    if not root:
+        return None
+    node = cfg.local_hostname or socket_module.gethostname()
+    return os.path.join(os.path.abspath(str(root)), f"regolith-{node}")
+
 class MooncakeDistributedStore(TensorMethods, ParallelismMethods):
     """Mooncake's store object, backed by the node's Regolith sidecar."""
 
@@ -243,6 +255,7 @@ class MooncakeDistributedStore(TensorMethods, ParallelismMethods):
             binary=cfg.sidecar_bin,
             protocol=cfg.protocol,
             device_name=cfg.device_name,
+            disk=_disk_dir(cfg),
         )
         try:
             return Client(str(self._sidecar.socket), staging_size=cfg.local_buffer_size, name=name)

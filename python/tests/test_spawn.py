@@ -116,3 +116,25 @@ def test_spawn_needs_master_server_address(spawn_env):
     s = mc.MooncakeDistributedStore()
     with pytest.raises(regolith.ConnectError, match="master_server_address"):
         s.setup(_config(spawn_env, regolith_spawn_sidecar=1, master_server_address=""))
+
+
+def test_storage_root_dir_gives_the_spawned_sidecar_a_disk_tier(spawn_env, tmp_path, monkeypatch):
+    """LMCache's `storage_root_dir` (a setup key, or $MOONCAKE_STORAGE_ROOT_DIR as its Mooncake
+    connector sets it) becomes the spawned sidecar's --disk, one directory per node under it."""
+    s = mc.MooncakeDistributedStore()
+    root = tmp_path / "ssd"
+    cfg = _config(
+        spawn_env, local_hostname="spawned-disk", regolith_spawn_sidecar="true",
+        storage_root_dir=str(root),
+    )
+    assert s.setup(cfg) == 0
+    disk = root / "regolith-spawned-disk"
+    assert (disk / "regolith-disk.json").exists()
+    assert "--disk" in " ".join(s._sidecar.popen.args)
+    s.close()
+
+    monkeypatch.setenv("MOONCAKE_STORAGE_ROOT_DIR", str(tmp_path / "env-ssd"))
+    s = mc.MooncakeDistributedStore()
+    assert s.setup(_config(spawn_env, local_hostname="spawned-disk-env", regolith_spawn_sidecar="1")) == 0
+    assert (tmp_path / "env-ssd" / "regolith-spawned-disk-env" / "regolith-disk.json").exists()
+    s.close()

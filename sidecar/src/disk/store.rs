@@ -127,6 +127,9 @@ struct Inner {
 
 pub struct Disk {
     spec: DiskSpec,
+    /// The label file, locked (`flock`) while this process uses the disk: a second process
+    /// opening the same directory is refused instead of writing over this one's records.
+    _lock: nix::fcntl::Flock<File>,
     label: Label,
     direct: bool,
     inner: Mutex<Inner>,
@@ -183,6 +186,7 @@ impl Disk {
         std::fs::create_dir_all(&spec.path).map_err(|e| io_err(&spec.path, "create", e))?;
         let limit = capacity_limit(&spec, 0)?;
         let label = read_or_write_label(&spec, limit, opts)?;
+        let lock = lock_label(&spec)?;
         let direct = supports_direct(&spec.path);
         let max_buckets = buckets_within(limit, label.bucket_size);
         let mut inner = Inner {
@@ -195,6 +199,7 @@ impl Disk {
         report.micros = t0.elapsed().as_micros() as u64;
         let disk = Self {
             spec,
+            _lock: lock,
             label,
             direct,
             inner: Mutex::new(inner),
@@ -1040,6 +1045,18 @@ fn read_or_write_label(spec: &DiskSpec, limit: u64, opts: &OpenOptionsExt2) -> R
     }
 }
 
+/// Takes the disk's lock (its label file, exclusively, without waiting).
+fn lock_label(spec: &DiskSpec) -> Result<nix::fcntl::Flock<File>> {
+    let path = spec.path.join(LABEL_FILE);
+    let f = File::open(&path).map_err(|e| io_err(&spec.path, "open label", e))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+        Error::DiskFailed {
+            path: spec.path.display().to_string(),
+            reason: format!("in use by another process ({e}): one sidecar per disk directory"),
+        }
+    })
+}
+
 fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
@@ -1493,6 +1510,22 @@ mod tests {
             value: &val,
             relocate: false,
         }])
+    }
+
+    #[test]
+    fn a_disk_in_use_is_not_opened_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, _) = open(dir.path(), 8 * MIB);
+        let spec = DiskSpec {
+            path: dir.path().to_path_buf(),
+            size: None,
+        };
+        let e = Disk::open(spec.clone(), &OpenOptionsExt2::default())
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("in use"), "{e}");
+        drop(d);
+        assert!(Disk::open(spec, &OpenOptionsExt2::default()).is_ok());
     }
 
     #[test]
