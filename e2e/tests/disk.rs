@@ -214,6 +214,14 @@ fn objects_offloaded_to_disk_are_read_locally_and_remotely_and_survive_a_restart
     )
     .unwrap_or(0.0);
     assert!(reads > 0.0, "no read came from the disk");
+    // A removed object's record leaves the disk (the node's watch stream says so).
+    let before = disk_objects(&c, 0);
+    b.remove(&key(0)).unwrap();
+    wait_until(
+        "the removed object's record deleted",
+        Duration::from_secs(10),
+        || disk_objects(&c, 0) + 1 == before,
+    );
     let on_disk = disk_objects(&c, 0);
     drop((a, b));
 
@@ -227,6 +235,10 @@ fn objects_offloaded_to_disk_are_read_locally_and_remotely_and_survive_a_restart
         "{on_disk} objects on disk before, after: {st}"
     );
     let b = c.client(1);
+    assert!(
+        b.get(&key(0)).unwrap_err().is_miss(),
+        "a removed key came back"
+    );
     let mut back = 0;
     let mut wrong = 0;
     wait_until(

@@ -536,7 +536,18 @@ impl StateMachine {
                 _ => (Vec::new(), 0, 0, 0),
             };
             if moved.is_empty() {
-                out.push(false);
+                // A report sent again (its first answer lost) finds the move made: it held.
+                let node32 = u32::try_from(node).ok();
+                let done = self.objects.get(&it.key).is_some_and(|o| {
+                    o.version == it.version
+                        && o.replicas.pieces().iter().any(|p| {
+                            p.is_disk()
+                                && Some(p.node.get()) == node32
+                                && regolith_proto::disk_tier::disk_of(p.generation as u64)
+                                    == Some(it.disk)
+                        })
+                });
+                out.push(done);
                 continue;
             }
             self.bytes_used -= (mem_before - mem_after).min(self.bytes_used);

@@ -425,7 +425,8 @@ impl Index {
         self.overrides.len()
     }
 
-    fn indexed_version(&self, key: &str) -> Option<Version> {
+    /// The version the table holds for `key` (overrides aside).
+    pub fn indexed_version(&self, key: &str) -> Option<Version> {
         let (h, c) = self.hash(key);
         let e = self.entry(self.find(h, c)?);
         Some(Version {

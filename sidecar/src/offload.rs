@@ -21,6 +21,8 @@ const BATCH_BYTES: u64 = 64 << 20;
 /// the last orders.
 const POLL: Duration = Duration::from_millis(100);
 const ACTIVE_FOR: Duration = Duration::from_secs(5);
+/// Attempts of a report beyond the first.
+const REPORT_RETRIES: usize = 5;
 /// Items per inventory report.
 const INVENTORY_CHUNK: usize = 16_384;
 
@@ -223,7 +225,16 @@ async fn report(side: &Sidecar, done: Done, poll: bool) -> Orders {
             .collect(),
         ..Default::default()
     };
-    match side.metad.disk_report(req).await {
+    // Sent again on failure: a move committed by an attempt whose answer was lost holds.
+    let mut answer = side.metad.disk_report(req.clone()).await;
+    for _ in 0..REPORT_RETRIES {
+        if answer.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        answer = side.metad.disk_report(req.clone()).await;
+    }
+    match answer {
         Ok(r) => {
             let mut kept = 0;
             for (m, ok) in done.moved.iter().zip(r.moved) {
@@ -237,12 +248,10 @@ async fn report(side: &Sidecar, done: Done, poll: bool) -> Orders {
             r.offload
         }
         Err(e) => {
-            // The moves are not known to metad: the copies are dropped (the objects stay in
-            // memory and may be ordered again); drops are found again at the next inventory.
-            tracing::warn!(error = %e, "disk report failed");
-            for m in &done.moved {
-                remove(side, m);
-            }
+            // Whether the moves were committed is unknown: the records stay (metad is the
+            // truth; a record it does not list is deleted at the next inventory, or leaves
+            // with its bucket). Drops are found again at the next inventory.
+            tracing::warn!(error = %e, moved = done.moved.len(), "disk report failed");
             Vec::new()
         }
     }

@@ -276,6 +276,7 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     )
     .with_index(index.clone())
     .with_disks(disks.clone());
+    index.set_disks(disks.clone());
     let side = Arc::new(Sidecar {
         settings: settings.clone(),
         store: Arc::new(store),

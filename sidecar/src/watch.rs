@@ -61,9 +61,16 @@ pub struct NodeIndex {
     frozen: AtomicBool,
     /// Test hook: drop the stream and resync.
     resync: AtomicBool,
+    /// The node's disk tier: records of objects the stream removes are deleted from it.
+    disks: std::sync::OnceLock<Arc<crate::disk::Tier>>,
 }
 
 impl NodeIndex {
+    /// Deletes the disk records of objects the stream removes (set once, at start).
+    pub fn set_disks(&self, disks: Arc<crate::disk::Tier>) {
+        let _ = self.disks.set(disks);
+    }
+
     pub fn new(enabled: bool, metrics: Arc<Metrics>) -> Self {
         NodeIndex {
             index: RwLock::new(Index::new(rand::random())),
@@ -73,6 +80,7 @@ impl NodeIndex {
             epoch: Instant::now(),
             metrics,
             frozen: AtomicBool::new(false),
+            disks: std::sync::OnceLock::new(),
             resync: AtomicBool::new(false),
         }
     }
@@ -216,7 +224,14 @@ impl NodeIndex {
             Kind::Snapshot | Kind::Changes => {}
             Kind::SnapshotEnd => {}
         }
+        let tier = self.disks.get().filter(|t| !t.is_empty());
+        let mut removed: Vec<(String, Version)> = Vec::new();
         for c in m.changes {
+            if let (Some(_), Some(mpb::watch_change::Change::Removed(k))) = (tier, &c.change) {
+                if let Some(v) = ix.indexed_version(k) {
+                    removed.push((k.clone(), v));
+                }
+            }
             apply_change(&mut ix, c, now);
         }
         match kind {
@@ -236,6 +251,14 @@ impl NodeIndex {
         self.metrics.index_bytes.set(ix.heap_bytes() as i64);
         self.metrics.index_applied_index.set(applied as i64);
         drop(ix);
+        if let Some(t) = tier {
+            // Only the version the stream removed: a newer one put and offloaded since is kept.
+            for (k, v) in &removed {
+                for d in t.disks() {
+                    d.remove(k, Some(*v));
+                }
+            }
+        }
         let mut h = self.health.lock();
         h.last_message = Some(Instant::now());
         if let Some(t) = guarantee_instant(m.as_of_unix_ms) {

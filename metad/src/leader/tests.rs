@@ -598,7 +598,7 @@ fn above_the_offload_watermark_nodes_with_disks_move_objects_out_of_memory() {
     assert_eq!(o.footprint(), 0);
     assert!(o.replicas.has_disk());
     assert!(o.replicas.to_vec()[0].segment.is_disk());
-    // A second move of the same version changes nothing.
+    // A second move of the same version (a report sent again) changes nothing and holds.
     let again = Command::MoveToDisk {
         node,
         items: vec![crate::command::DiskMove {
@@ -607,7 +607,9 @@ fn above_the_offload_watermark_nodes_with_disks_move_objects_out_of_memory() {
             disk: 0,
         }],
     };
-    assert_eq!(core.apply(&again, t1), Outcome::MovedToDisk(vec![false]));
+    let used = core.sm().bytes_used();
+    assert_eq!(core.apply(&again, t1), Outcome::MovedToDisk(vec![true]));
+    assert_eq!(core.sm().bytes_used(), used);
 
     // The node's disk drops one: the object had no other replica and is gone (an eviction).
     let evicted = core.sm().counters().evicted_objects;
