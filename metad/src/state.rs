@@ -537,15 +537,8 @@ impl StateMachine {
             };
             if moved.is_empty() {
                 // A report sent again (its first answer lost) finds the move made: it held.
-                let node32 = u32::try_from(node).ok();
                 let done = self.objects.get(&it.key).is_some_and(|o| {
-                    o.version == it.version
-                        && o.replicas.pieces().iter().any(|p| {
-                            p.is_disk()
-                                && Some(p.node.get()) == node32
-                                && regolith_proto::disk_tier::disk_of(p.generation as u64)
-                                    == Some(it.disk)
-                        })
+                    o.version == it.version && o.replicas.disk_on(node) == Some(it.disk)
                 });
                 out.push(done);
                 continue;
@@ -625,12 +618,7 @@ impl StateMachine {
         let items: Vec<(String, Version)> = self
             .objects
             .iter()
-            .filter(|(_, o)| {
-                o.replicas
-                    .pieces()
-                    .iter()
-                    .any(|p| p.is_disk() && p.node.get() as u64 == node)
-            })
+            .filter(|(_, o)| o.replicas.disk_on(node).is_some())
             .map(|(k, o)| (k.to_string(), o.version))
             .collect();
         if items.is_empty() {

@@ -254,6 +254,15 @@ impl Replicas {
         self.pieces().iter().any(|p| p.is_disk())
     }
 
+    /// The disk of `node` holding a replica, if one does.
+    pub fn disk_on(&self, node: NodeId) -> Option<u32> {
+        self.pieces().iter().find_map(|p| {
+            (p.is_disk() && p.node.get() as u64 == node)
+                .then(|| regolith_proto::disk_tier::disk_of(p.generation as u64))
+                .flatten()
+        })
+    }
+
     /// Replaces the pieces on `seg` (a node's memory segment) with one disk piece; answers
     /// the extents that left `seg`, none (and no change) when it held none.
     pub fn move_to_disk(&mut self, seg: SegmentId, disk: u32, size: u64) -> Vec<Extent> {

@@ -172,6 +172,7 @@ impl Sidecar {
 
     /// One heartbeat; returns whether it was answered.
     pub async fn heartbeat_once(self: &Arc<Self>) -> bool {
+        let (disk_capacity, disk_used, _) = crate::disk::tier::totals(&self.disks);
         let req = mpb::HeartbeatRequest {
             node_id: self.node_id(),
             generation: self.store.tracker.generation(),
@@ -190,8 +191,8 @@ impl Sidecar {
             used_bytes: self.segment_used.load(Ordering::Relaxed),
             accessed: self.store.index.take_accesses(),
             disks: self.disks.numbered().count() as u32,
-            disk_capacity: crate::disk::tier::totals(&self.disks).0,
-            disk_used: crate::disk::tier::totals(&self.disks).1,
+            disk_capacity,
+            disk_used,
         };
         let reply = match self.hb_client.heartbeat(req).await {
             Ok((r, _)) => r,

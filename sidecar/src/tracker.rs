@@ -441,7 +441,7 @@ impl Admission for TrackerAdmission {
             term: req.term,
             id: req.res_id,
         };
-        let d = tier
+        let (d, _) = tier
             .holder(&version, Some(disk))
             .ok_or(Status::BadGeneration)?;
         match d.read_range(&version, req.offset, dst) {

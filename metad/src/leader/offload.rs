@@ -102,11 +102,7 @@ impl Offloads {
             let seg = p.segment();
             let node = seg.node;
             let current = sm.node_segment(node).map(|s| s.id) == Some(seg);
-            let has_disk = o
-                .replicas
-                .pieces()
-                .iter()
-                .any(|q| q.is_disk() && q.node == p.node);
+            let has_disk = o.replicas.disk_on(node).is_some();
             (!p.is_disk() && current && !has_disk && self.tiers.contains_key(&node)).then_some(seg)
         })
     }
@@ -148,11 +144,6 @@ impl Offloads {
             return self.queued.remove(&node).unwrap_or_default();
         }
         q.drain(..ORDERS_PER_REPLY).collect()
-    }
-
-    /// Keys ordered, for eviction to leave alone while their copy is under way.
-    pub fn ordered_keys(&self) -> HashSet<String> {
-        self.in_flight.keys().cloned().collect()
     }
 
     /// Forgets everything of a node (its segment went away).

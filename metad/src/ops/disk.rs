@@ -47,13 +47,8 @@ impl Ops {
             let mut missing = Vec::new();
             if r.inventory {
                 let listed = |k: &str, v: Version| {
-                    sm.object(k).is_some_and(|o| {
-                        o.version == v
-                            && o.replicas
-                                .pieces()
-                                .iter()
-                                .any(|p| p.is_disk() && p.node.get() as u64 == r.node)
-                    })
+                    sm.object(k)
+                        .is_some_and(|o| o.version == v && o.replicas.disk_on(r.node).is_some())
                 };
                 let inv = l.offloads.inventories.entry(r.node).or_default();
                 for h in &r.held {
@@ -68,10 +63,7 @@ impl Ops {
                     missing = sm
                         .objects()
                         .filter(|(k, o)| {
-                            o.replicas
-                                .pieces()
-                                .iter()
-                                .any(|p| p.is_disk() && p.node.get() as u64 == r.node)
+                            o.replicas.disk_on(r.node).is_some()
                                 && !inv.contains(&(k.to_string(), o.version))
                         })
                         .map(|(k, o)| (k.to_string(), o.version))

@@ -48,6 +48,20 @@ pub struct Bucket {
     pub last_access: u64,
 }
 
+impl Bucket {
+    /// A bucket never opened (or whose file was not found by a scan).
+    fn empty() -> Self {
+        Bucket {
+            epoch: 0,
+            state: BucketState::Free,
+            tail: BLOCK,
+            live_bytes: 0,
+            live: 0,
+            last_access: 0,
+        }
+    }
+}
+
 /// A place for a record, planned by [`Layout::plan_append`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Append {
@@ -154,14 +168,7 @@ impl Layout {
     pub fn restore_bucket(&mut self, b: u32, epoch: u64, tail: u64) {
         self.note_epoch(epoch);
         while self.buckets.len() <= b as usize {
-            self.buckets.push(Bucket {
-                epoch: 0,
-                state: BucketState::Free,
-                tail: BLOCK,
-                live_bytes: 0,
-                live: 0,
-                last_access: 0,
-            });
+            self.buckets.push(Bucket::empty());
         }
         let t = self.tick();
         let bk = &mut self.buckets[b as usize];
@@ -210,14 +217,7 @@ impl Layout {
         let (b, created) = match reuse {
             Some(i) => (i as u32, false),
             None if (self.buckets.len() as u32) < self.max_buckets => {
-                self.buckets.push(Bucket {
-                    epoch: 0,
-                    state: BucketState::Free,
-                    tail: BLOCK,
-                    live_bytes: 0,
-                    live: 0,
-                    last_access: 0,
-                });
+                self.buckets.push(Bucket::empty());
                 (self.buckets.len() as u32 - 1, true)
             }
             None => return Err(NoRoom::Full),

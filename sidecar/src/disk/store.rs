@@ -171,9 +171,9 @@ impl DiskSpec {
     }
 }
 
-/// Options of [`Disk::open`] that tests change.
+/// Options of [`Disk::open`] (tests choose small buckets).
 #[derive(Clone, Debug, Default)]
-pub struct OpenOptionsExt2 {
+pub struct DiskOptions {
     /// Bucket size of a new disk (default: derived from the capacity).
     pub bucket_size: Option<u64>,
 }
@@ -181,7 +181,7 @@ pub struct OpenOptionsExt2 {
 impl Disk {
     /// Opens the disk at `spec.path` (created and formatted when empty) and scans what it
     /// holds.
-    pub fn open(spec: DiskSpec, opts: &OpenOptionsExt2) -> Result<(Self, ScanReport)> {
+    pub fn open(spec: DiskSpec, opts: &DiskOptions) -> Result<(Self, ScanReport)> {
         let t0 = Instant::now();
         std::fs::create_dir_all(&spec.path).map_err(|e| io_err(&spec.path, "create", e))?;
         let limit = capacity_limit(&spec, 0)?;
@@ -281,15 +281,7 @@ impl Disk {
         inner.failure = Some(reason.to_owned());
         self.failed.store(true, Ordering::Release);
         inner.files.clear();
-        let dropped: Vec<Dropped> = inner
-            .layout
-            .clear()
-            .into_iter()
-            .map(|(key, e)| Dropped {
-                key,
-                version: e.version,
-            })
-            .collect();
+        let dropped = to_dropped(inner.layout.clear());
         self.stats
             .lost
             .fetch_add(dropped.len() as u64, Ordering::Relaxed);
@@ -315,7 +307,7 @@ impl Disk {
             return Err(self.failed_error());
         }
         let t0 = Instant::now();
-        let (e, file) = {
+        let e = {
             let mut inner = self.inner.lock();
             let Some(key) = inner.layout.key_of(version).map(str::to_owned) else {
                 return Ok(false);
@@ -326,26 +318,10 @@ impl Disk {
             if offset.saturating_add(dst.len() as u64) > e.shape.value_len {
                 return Ok(false);
             }
-            match self.file(&mut inner, e.bucket, false) {
-                Ok(f) => (e, f),
-                Err(err) => {
-                    drop(inner);
-                    return Err(self.io_failure("open bucket", err));
-                }
-            }
+            e
         };
-        let mut held = match self.read_bufs.lock().pop() {
-            Some(b) => b,
-            None => AlignedBuf::new(IO_CHUNK)?,
-        };
-        let r = read_range_with(&mut held.0[..], &file, &e, offset, dst);
-        {
-            let mut pool = self.read_bufs.lock();
-            if pool.len() < 4 {
-                pool.push(held);
-            }
-        }
-        match r {
+        let file = self.bucket_file(e.bucket, false)?;
+        match self.with_read_buf(|buf| read_range_with(buf, &file, &e, offset, dst)) {
             Ok(ok) => {
                 if ok {
                     self.stats
@@ -486,16 +462,7 @@ impl Disk {
             {
                 run_end += 1;
             }
-            let file = {
-                let mut inner = self.inner.lock();
-                match self.file(&mut inner, b, created.contains(&b)) {
-                    Ok(f) => f,
-                    Err(e) => {
-                        drop(inner);
-                        return Err(self.io_failure("open bucket", e));
-                    }
-                }
-            };
+            let file = self.bucket_file(b, created.contains(&b))?;
             let first = &planned[run_start].1;
             let mut w = BlockWriter::new(&file, &mut buf.0, first.offset);
             let res: std::io::Result<()> = (|| {
@@ -569,13 +536,26 @@ impl Disk {
     /// Reads `key`'s value (of `version`, when given) into `dst`, which must be exactly the
     /// value's length ([`Disk::lookup`]), and verifies it. A damaged record is dropped.
     pub fn read(&self, key: &str, version: Option<Version>, dst: &mut [u8]) -> Result<ReadOutcome> {
+        let mut hashes = vec![0u64; checksum::chunk_count(dst.len() as u64)];
+        self.read_hashed(key, version, dst, &mut hashes)
+    }
+
+    /// [`Disk::read`] that also leaves the value's chunk hashes in `hashes` (one per
+    /// [`checksum::CHUNK`]), for a caller that combines them as a data-plane read does.
+    pub fn read_hashed(
+        &self,
+        key: &str,
+        version: Option<Version>,
+        dst: &mut [u8],
+        hashes: &mut [u64],
+    ) -> Result<ReadOutcome> {
         if self.is_failed() {
             return Err(self.failed_error());
         }
         let t0 = Instant::now();
         // A record moved by compaction (its bucket since reopened) is looked up once more.
         for _ in 0..2 {
-            let (e, file) = {
+            let e = {
                 let mut inner = self.inner.lock();
                 let Some(e) = inner.layout.get(key) else {
                     return Ok(ReadOutcome::Miss);
@@ -590,15 +570,11 @@ impl Disk {
                         e.shape.value_len
                     )));
                 }
-                match self.file(&mut inner, e.bucket, false) {
-                    Ok(f) => (e, f),
-                    Err(err) => {
-                        drop(inner);
-                        return Err(self.io_failure("open bucket", err));
-                    }
-                }
+                e
             };
-            match self.read_record(&file, key, &e, dst) {
+            let file = self.bucket_file(e.bucket, false)?;
+            let read = self.with_read_buf(|buf| self.read_record(buf, &file, key, &e, dst, hashes));
+            match read {
                 Ok(RecordRead::Good) => {
                     self.stats.reads.fetch_add(1, Ordering::Relaxed);
                     self.stats
@@ -631,18 +607,26 @@ impl Disk {
         Ok(ReadOutcome::Miss)
     }
 
-    fn read_record(
+    /// The file of bucket `b` (opened, or created, on first use); an error takes the disk out.
+    fn bucket_file(&self, b: u32, create: bool) -> Result<Arc<File>> {
+        let opened = {
+            let mut inner = self.inner.lock();
+            self.file(&mut inner, b, create)
+        };
+        opened.map_err(|e| self.io_failure("open bucket", e))
+    }
+
+    /// Runs `f` on a pooled aligned buffer of [`IO_CHUNK`] bytes (faulting in fresh pages for
+    /// every read would cost more than a small read itself).
+    fn with_read_buf<T>(
         &self,
-        file: &File,
-        key: &str,
-        e: &Entry,
-        dst: &mut [u8],
-    ) -> std::io::Result<RecordRead> {
+        f: impl FnOnce(&mut [u8]) -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
         let mut held = match self.read_bufs.lock().pop() {
             Some(b) => b,
             None => AlignedBuf::new(IO_CHUNK).map_err(|e| std::io::Error::other(e.to_string()))?,
         };
-        let r = self.read_record_with(&mut held.0[..], file, key, e, dst);
+        let r = f(&mut held.0[..]);
         let mut pool = self.read_bufs.lock();
         if pool.len() < 4 {
             pool.push(held);
@@ -650,13 +634,14 @@ impl Disk {
         r
     }
 
-    fn read_record_with(
+    fn read_record(
         &self,
         buf: &mut [u8],
         file: &File,
         key: &str,
         e: &Entry,
         dst: &mut [u8],
+        hashes: &mut [u64],
     ) -> std::io::Result<RecordRead> {
         let mut pos = e.offset;
         let end = e.offset + e.shape.len;
@@ -694,7 +679,9 @@ impl Disk {
             copied += take;
             pos += n as u64;
         }
-        Ok(if checksum::checksum(e.version.seed(), dst) == e.checksum {
+        let seed = e.version.seed();
+        checksum::hash_chunks(seed, dst, hashes);
+        Ok(if checksum::combine(seed, hashes) == e.checksum {
             RecordRead::Good
         } else {
             RecordRead::Damaged
@@ -721,13 +708,7 @@ impl Disk {
         };
         let (b, dropped) = freed;
         self.forget_bucket(b)?;
-        let dropped: Vec<Dropped> = dropped
-            .into_iter()
-            .map(|(key, e)| Dropped {
-                key,
-                version: e.version,
-            })
-            .collect();
+        let dropped = to_dropped(dropped);
         self.stats
             .evicted
             .fetch_add(dropped.len() as u64, Ordering::Relaxed);
@@ -738,16 +719,7 @@ impl Disk {
     /// have been reopened): a scan after a restart then finds no record in it, instead of
     /// bringing back what was evicted or moved.
     fn forget_bucket(&self, b: u32) -> Result<()> {
-        let file = {
-            let mut inner = self.inner.lock();
-            match self.file(&mut inner, b, false) {
-                Ok(f) => f,
-                Err(e) => {
-                    drop(inner);
-                    return Err(self.io_failure("open bucket", e));
-                }
-            }
-        };
+        let file = self.bucket_file(b, false)?;
         let zero = AlignedBuf::new(BLOCK as usize)?;
         if let Err(e) = file
             .write_all_at(&zero.0[..BLOCK as usize], 0)
@@ -864,6 +836,16 @@ fn read_range_with(
         pos += n as u64;
     }
     Ok(true)
+}
+
+fn to_dropped(records: Vec<(String, Entry)>) -> Vec<Dropped> {
+    records
+        .into_iter()
+        .map(|(key, e)| Dropped {
+            key,
+            version: e.version,
+        })
+        .collect()
 }
 
 enum RecordRead {
@@ -983,7 +965,7 @@ fn buckets_within(limit: u64, bucket_size: u64) -> u32 {
     (limit / bucket_size.max(1)).min(u32::MAX as u64) as u32
 }
 
-fn read_or_write_label(spec: &DiskSpec, limit: u64, opts: &OpenOptionsExt2) -> Result<Label> {
+fn read_or_write_label(spec: &DiskSpec, limit: u64, opts: &DiskOptions) -> Result<Label> {
     let path = spec.path.join(LABEL_FILE);
     match std::fs::read(&path) {
         Ok(bytes) => {
@@ -1211,7 +1193,7 @@ mod tests {
         };
         Disk::open(
             spec,
-            &OpenOptionsExt2 {
+            &DiskOptions {
                 bucket_size: Some(MIB),
             },
         )
@@ -1520,12 +1502,12 @@ mod tests {
             path: dir.path().to_path_buf(),
             size: None,
         };
-        let e = Disk::open(spec.clone(), &OpenOptionsExt2::default())
+        let e = Disk::open(spec.clone(), &DiskOptions::default())
             .err()
             .unwrap();
         assert!(e.to_string().contains("in use"), "{e}");
         drop(d);
-        assert!(Disk::open(spec, &OpenOptionsExt2::default()).is_ok());
+        assert!(Disk::open(spec, &DiskOptions::default()).is_ok());
     }
 
     #[test]
@@ -1536,7 +1518,7 @@ mod tests {
             path: dir.path().to_path_buf(),
             size: Some(8 * MIB),
         };
-        let e = Disk::open(spec, &OpenOptionsExt2::default()).err().unwrap();
+        let e = Disk::open(spec, &DiskOptions::default()).err().unwrap();
         assert!(e.to_string().contains("without a label"), "{e}");
     }
 
@@ -1550,7 +1532,7 @@ mod tests {
         };
         let (d, _) = Disk::open(
             spec,
-            &OpenOptionsExt2 {
+            &DiskOptions {
                 bucket_size: Some(4 * MIB),
             },
         )

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::store::{Disk, DiskStatus, OpenOptionsExt2};
+use super::store::{Disk, DiskOptions, DiskStatus};
 use super::{DiskSpec, Dropped};
 
 /// How often each disk is probed (presence, read-only, free space) and compacted.
@@ -35,7 +35,7 @@ impl Tier {
     pub fn open(specs: &[DiskSpec]) -> Self {
         let slots = specs
             .iter()
-            .map(|spec| match Disk::open(spec.clone(), &OpenOptionsExt2::default()) {
+            .map(|spec| match Disk::open(spec.clone(), &DiskOptions::default()) {
                 Ok((disk, report)) => {
                     tracing::info!(
                         disk = %spec.path.display(),
@@ -72,17 +72,20 @@ impl Tier {
         })
     }
 
-    /// The disk holding the record of `version`, looking at disk `hint` first.
+    /// The disk holding the record of `version`, and its key, looking at disk `hint` first.
     pub fn holder(
         &self,
         version: &regolith_proto::common::Version,
         hint: Option<u32>,
-    ) -> Option<&Arc<Disk>> {
-        let first = hint.and_then(|h| match self.slots.get(h as usize) {
-            Some(Slot::Open(d)) if !d.is_failed() && d.key_of(version).is_some() => Some(d),
+    ) -> Option<(&Arc<Disk>, String)> {
+        let hinted = hint.and_then(|h| match self.slots.get(h as usize) {
+            Some(Slot::Open(d)) if !d.is_failed() => Some(d),
             _ => None,
         });
-        first.or_else(|| self.disks().find(|d| d.key_of(version).is_some()))
+        hinted
+            .into_iter()
+            .chain(self.disks())
+            .find_map(|d| d.key_of(version).map(|k| (d, k)))
     }
 
     /// Objects lost with failed disks, not reported yet.

@@ -164,14 +164,9 @@ impl Store {
                 "no record of version {version:?} on this node's disks"
             ))
         };
-        let d = self.disks.holder(&version, Some(disk)).ok_or_else(gone)?;
-        let key = d.key_of(&version).ok_or_else(gone)?;
-        let out = crate::disk::blocking(|| d.read(&key, Some(version), dst))?;
-        match out {
-            crate::disk::ReadOutcome::Hit { .. } => {
-                checksum::hash_chunks(version.seed(), dst, hashes);
-                Ok(())
-            }
+        let (d, key) = self.disks.holder(&version, Some(disk)).ok_or_else(gone)?;
+        match crate::disk::blocking(|| d.read_hashed(&key, Some(version), dst, hashes))? {
+            crate::disk::ReadOutcome::Hit { .. } => Ok(()),
             _ => Err(gone()),
         }
     }
