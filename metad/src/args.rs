@@ -110,6 +110,30 @@ pub struct Args {
     /// recently used objects to disk (docs/ssd.md); at most the eviction high watermark.
     #[arg(long, env = "REGOLITH_OFFLOAD_WATERMARK")]
     pub offload_watermark: Option<f64>,
+    /// Copy a disk-only object back into memory when a get hits it and the pool has room
+    /// (default true; `--promote-on-hit=false` keeps hits on disk).
+    #[arg(
+        long,
+        env = "REGOLITH_PROMOTE_ON_HIT",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub promote_on_hit: Option<bool>,
+    /// Copy every put to the disk tier of the nodes that hold it, keeping the memory copy
+    /// (default false: objects reach disk only when memory pressure offloads them).
+    #[arg(
+        long,
+        env = "REGOLITH_WRITE_THROUGH",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub write_through: Option<bool>,
     #[arg(long, env = "REGOLITH_HARD_PIN_MAX_RATIO")]
     pub hard_pin_max_ratio: Option<f64>,
     #[arg(long, env = "REGOLITH_SOFT_PIN_TTL")]
@@ -216,6 +240,8 @@ pub struct FileConfig {
     pub eviction_high_watermark: Option<f64>,
     pub eviction_ratio: Option<f64>,
     pub offload_watermark: Option<f64>,
+    pub promote_on_hit: Option<bool>,
+    pub write_through: Option<bool>,
     pub hard_pin_max_ratio: Option<f64>,
     pub soft_pin_ttl: Option<String>,
     pub drain_timeout: Option<String>,
@@ -525,6 +551,14 @@ impl Args {
                 .offload_watermark
                 .or(file.offload_watermark)
                 .unwrap_or(d.offload_watermark),
+            promote_on_hit: self
+                .promote_on_hit
+                .or(file.promote_on_hit)
+                .unwrap_or(d.promote_on_hit),
+            write_through: self
+                .write_through
+                .or(file.write_through)
+                .unwrap_or(d.write_through),
             hard_pin_max_ratio: self
                 .hard_pin_max_ratio
                 .or(file.hard_pin_max_ratio)

@@ -86,6 +86,21 @@ pub enum Command {
         node: NodeId,
         items: Vec<(String, Version)>,
     },
+    /// A disk-only object copied back into memory (promotion on a hit, docs/ssd.md): the object
+    /// still of `version` gains `replica` (the extents of the promotion's `reservation`, which
+    /// apply re-checks are free) and keeps its disk replica. After `DropFromDisk`.
+    PromoteToMemory {
+        key: String,
+        version: Version,
+        reservation: Version,
+        replica: Replica,
+    },
+    /// Write-through copies: each object still of that version gains a disk replica on `node`
+    /// and keeps its memory pieces. After `PromoteToMemory`.
+    CopyToDisk {
+        node: NodeId,
+        items: Vec<DiskMove>,
+    },
 }
 
 /// One object moved to disk `disk` of a node.
@@ -113,6 +128,8 @@ impl Command {
             Command::UpsertPut { .. } => "upsert_put",
             Command::MoveToDisk { .. } => "move_to_disk",
             Command::DropFromDisk { .. } => "drop_from_disk",
+            Command::PromoteToMemory { .. } => "promote_to_memory",
+            Command::CopyToDisk { .. } => "copy_to_disk",
         }
     }
 }
@@ -155,6 +172,8 @@ pub enum Outcome {
         dropped: u64,
         removed: u64,
     },
+    /// Per `CopyToDisk` item: whether the object now has that disk replica.
+    CopiedToDisk(Vec<bool>),
 }
 
 /// The response to one Raft entry: outcomes in command order (empty for blank and membership

@@ -40,6 +40,12 @@ pub struct CacheConfig {
     /// least recently used objects to disk (down to `offload_watermark - eviction_ratio`)
     /// before eviction has to drop any (docs/ssd.md "Offload").
     pub offload_watermark: f64,
+    /// A get of an object held only on a disk copies it back into its node's memory when the
+    /// pool has room below `offload_watermark - eviction_ratio` (docs/ssd.md "Promotion").
+    pub promote_on_hit: bool,
+    /// Every put is also copied to the disk tier of each node holding it in memory (the
+    /// memory copy stays), so a later offload frees memory without writing.
+    pub write_through: bool,
     /// Hard-pinned bytes may take at most this share of the pool.
     pub hard_pin_max_ratio: f64,
     /// Default lifetime of a soft pin.
@@ -70,6 +76,8 @@ impl Default for CacheConfig {
             eviction_high_watermark: 0.9,
             eviction_ratio: 0.05,
             offload_watermark: 0.8,
+            promote_on_hit: true,
+            write_through: false,
             hard_pin_max_ratio: 0.5,
             soft_pin_ttl_ms: 30 * 60_000,
             drain_timeout_ms: 10 * 60_000,

@@ -58,7 +58,8 @@ pub enum Effect {
     Removed {
         key: String,
     },
-    /// An object lost a replica with its segment and keeps others.
+    /// An object's placement changed and it keeps a replica: one lost with its segment,
+    /// moved to disk, or a disk copy added.
     Shrunk {
         key: String,
     },
@@ -365,6 +366,17 @@ impl StateMachine {
             Command::ExpirePins { now_ms } => self.expire(*now_ms, fx),
             Command::MoveToDisk { node, items } => self.move_to_disk(*node, items, fx),
             Command::DropFromDisk { node, items } => self.drop_from_disk(*node, items, fx),
+            Command::PromoteToMemory {
+                key,
+                version,
+                reservation,
+                replica,
+            } => {
+                let out = self.promote_to_memory(key, *version, replica);
+                fx.push(commit_effect(&out, key, *reservation));
+                out
+            }
+            Command::CopyToDisk { node, items } => self.copy_to_disk(*node, items, fx),
             Command::DrainSegment {
                 segment,
                 deadline_ms,
@@ -567,6 +579,97 @@ impl StateMachine {
             out.push(true);
         }
         Outcome::MovedToDisk(out)
+    }
+
+    /// A disk-only object copied back into memory: the object still of `version` gains
+    /// `replica` (a memory segment where it has none, the extents free and covering it) and
+    /// keeps its disk replica. Refused (a conflict: the reservation's extents are freed by the
+    /// leader) when anything changed since the promotion was ordered.
+    fn promote_to_memory(&mut self, key: &str, version: Version, r: &Replica) -> Outcome {
+        let conflict = |why: &str| Outcome::Conflict(format!("promotion of {key:?}: {why}"));
+        let Some(o) = self.objects.get(key) else {
+            return conflict("the object is gone");
+        };
+        if o.version != version {
+            return conflict("the object was replaced");
+        }
+        if r.segment.is_disk() {
+            return conflict("the replica names a disk, not memory");
+        }
+        if o
+            .replicas
+            .pieces()
+            .iter()
+            .any(|p| !p.is_disk() && p.segment().node == r.segment.node)
+        {
+            return conflict("the object already has a replica in that node's memory");
+        }
+        let size = o.size;
+        if let Err(why) = self.check_placement(key, size, std::slice::from_ref(r)) {
+            return Outcome::Conflict(why);
+        }
+        let Some(replicas) = o.replicas.with_replica(r) else {
+            return conflict("node id or generation out of range");
+        };
+        let hard = o.pin() == Pin::Hard;
+        let (Some(alloc), Some(seg)) = (
+            self.free.get_mut(&r.segment),
+            self.segments.get_mut(&r.segment),
+        ) else {
+            return conflict("the segment is not mounted");
+        };
+        for e in &r.extents {
+            let ok = alloc.take(e);
+            debug_assert!(ok, "checked free");
+        }
+        let bytes = r.bytes();
+        seg.used += bytes;
+        seg.objects += 1;
+        self.bytes_used += bytes;
+        if hard {
+            self.hard_pinned_bytes += size;
+        }
+        if let Some(o) = self.objects.get_mut(key) {
+            o.replicas = replicas;
+        }
+        Outcome::Committed
+    }
+
+    /// Write-through copies: each object still of the version named gains a disk replica on
+    /// `node` and keeps its memory pieces (a copy already committed holds).
+    fn copy_to_disk(
+        &mut self,
+        node: NodeId,
+        items: &[crate::command::DiskMove],
+        fx: &mut Vec<Effect>,
+    ) -> Outcome {
+        let mut out = Vec::with_capacity(items.len());
+        for it in items {
+            let Some(o) = self.objects.get_mut(&it.key) else {
+                out.push(false);
+                continue;
+            };
+            let on_node = o.replicas.segments().any(|s| s.node == node);
+            if o.version != it.version || !on_node {
+                out.push(false);
+                continue;
+            }
+            if o.replicas.disk_on(node).is_some() {
+                out.push(true);
+                continue;
+            }
+            match o.replicas.with_disk(node, it.disk, o.size) {
+                Some(r) => {
+                    o.replicas = r;
+                    fx.push(Effect::Shrunk {
+                        key: it.key.clone(),
+                    });
+                    out.push(true);
+                }
+                None => out.push(false),
+            }
+        }
+        Outcome::CopiedToDisk(out)
     }
 
     /// Disk replicas `node` no longer holds; an object left with none is removed (counted as
@@ -1018,6 +1121,16 @@ impl StateMachine {
             let (k, o): (String, Object) = snapshot_record(r)?;
             for p in o.replicas.pieces() {
                 let seg = p.segment();
+                if p.is_disk() {
+                    // A disk replica takes no segment space; its node must be known.
+                    if !sm.nodes.contains_key(&seg.node) {
+                        return Err(invalid(format!(
+                            "snapshot object {k:?} is on a disk of unknown node {}",
+                            seg.node
+                        )));
+                    }
+                    continue;
+                }
                 let extents = used.get_mut(&seg).ok_or_else(|| {
                     invalid(format!(
                         "snapshot object {k:?} is on unmounted segment {seg}"

@@ -289,6 +289,27 @@ impl Replicas {
         moved
     }
 
+    /// These replicas and `r` besides (its pieces after the others); None when its node id or
+    /// generation does not fit the compact form.
+    pub fn with_replica(&self, r: &Replica) -> Option<Self> {
+        let added = Self::from_replicas(std::slice::from_ref(r))?;
+        let mut v = self.pieces().to_vec();
+        v.extend_from_slice(added.pieces());
+        Some(Self::from_pieces(v))
+    }
+
+    /// These replicas and one on disk `disk` of `node` besides, unless the node already has
+    /// a disk replica (then unchanged); None when the node id does not fit.
+    pub fn with_disk(&self, node: NodeId, disk: u32, size: u64) -> Option<Self> {
+        let n = NonZeroU32::new(u32::try_from(node).ok()?)?;
+        if self.disk_on(node).is_some() {
+            return Some(self.clone());
+        }
+        let mut v = self.pieces().to_vec();
+        v.push(Piece::on_disk(n, disk, size));
+        Some(Self::from_pieces(v))
+    }
+
     /// Keeps the pieces of the segments `keep` accepts.
     pub fn retain_segments(&mut self, mut keep: impl FnMut(SegmentId) -> bool) {
         let kept: Vec<Piece> = self

@@ -19,7 +19,41 @@ const CAP: u64 = 64 * 1024;
 fn concrete(sm: &StateMachine, op: u8, a: u64, b: u64, c: u64) -> Command {
     let segs: Vec<SegmentId> = sm.segments().map(|s| s.id).collect();
     let key = format!("k{}", a % 24);
-    match op % 10 {
+    // The disk tier's commands (issue 12) on objects that exist, mostly.
+    let version = sm
+        .object(&key)
+        .map(|o| o.version)
+        .unwrap_or(Version { term: 1, id: b });
+    match op % 13 {
+        10 if !segs.is_empty() => Command::MoveToDisk {
+            node: segs[(b as usize) % segs.len()].node,
+            items: vec![regolith_metad::command::DiskMove {
+                key,
+                version,
+                disk: (c % 2) as u32,
+            }],
+        },
+        11 if !segs.is_empty() => {
+            let size = sm.object(&key).map_or(1 + b % 9000, |o| o.size);
+            let off = (b.wrapping_mul(17) % CAP) / 64 * 64;
+            Command::PromoteToMemory {
+                key,
+                version,
+                reservation: Version { term: 9, id: c },
+                replica: Replica {
+                    segment: segs[(c as usize) % segs.len()],
+                    extents: vec![Extent::new(off, size.div_ceil(64) * 64)],
+                },
+            }
+        }
+        12 if !segs.is_empty() => Command::CopyToDisk {
+            node: segs[(b as usize) % segs.len()].node,
+            items: vec![regolith_metad::command::DiskMove {
+                key,
+                version,
+                disk: (c % 2) as u32,
+            }],
+        },
         0 => Command::MountSegment {
             node_name: NAMES[(a % 4) as usize].into(),
             node_id_hint: b % 3,
@@ -109,8 +143,11 @@ fn restore(sm: &StateMachine) -> StateMachine {
 
 fn check_no_overlap_in_sm(sm: &StateMachine) -> Result<(), TestCaseError> {
     let mut by_seg: BTreeMap<SegmentId, Vec<Extent>> = BTreeMap::new();
+    let mut memory = 0u64;
     for (_, o) in sm.objects() {
-        for r in &o.replicas.to_vec() {
+        memory += o.replicas.memory_bytes();
+        // Disk replicas name a disk, not a segment: one record per object, `(0, size)`.
+        for r in o.replicas.to_vec().iter().filter(|r| !r.segment.is_disk()) {
             by_seg
                 .entry(r.segment)
                 .or_default()
@@ -127,6 +164,9 @@ fn check_no_overlap_in_sm(sm: &StateMachine) -> Result<(), TestCaseError> {
                 v.push(e);
             }
         }
+        let held: u64 = v.iter().map(|e| e.len).sum::<u64>()
+            - sm.free_space(&seg).map_or(0, |f| f.free_ranges().map(|e| e.len).sum());
+        prop_assert_eq!(sm.segment(&seg).map(|s| s.used), Some(held), "used bytes of {}", seg);
         v.sort();
         for w in v.windows(2) {
             prop_assert!(
@@ -137,6 +177,7 @@ fn check_no_overlap_in_sm(sm: &StateMachine) -> Result<(), TestCaseError> {
             );
         }
     }
+    prop_assert_eq!(sm.bytes_used(), memory, "bytes used over all objects' memory");
     Ok(())
 }
 

@@ -213,10 +213,12 @@ impl Index {
                 _ => {
                     let s = self.segments.get(p.slot as usize)?.as_ref()?;
                     // Disk replicas are read with the leader's placement (a disk read costs
-                    // far more than the round trip, and the index keeps no node addresses
-                    // for them).
+                    // far more than the round trip, the index keeps no node addresses for
+                    // them, and the leader's get may promote the object): an object with a
+                    // memory replica besides (promoted, or written through) is read from
+                    // memory, one only on disk asks the leader.
                     if regolith_proto::disk_tier::is_disk_generation(s.generation) {
-                        return None;
+                        continue;
                     }
                     replicas.push(Replica {
                         node_id: s.node_id,
@@ -228,6 +230,9 @@ impl Index {
                     });
                 }
             }
+        }
+        if replicas.is_empty() {
+            return None;
         }
         Some(Placement {
             version: Version {
@@ -624,6 +629,23 @@ mod tests {
         assert_eq!(ix.get("one"), Some(one));
         assert!(ix.multi.is_empty());
         assert_eq!(ix.len(), 1);
+    }
+
+    #[test]
+    fn disk_replicas_are_left_to_the_leader_and_a_memory_copy_beside_them_is_read() {
+        let mut ix = index();
+        let disk_gen = regolith_proto::disk_tier::disk_generation(0);
+        let mut on_disk = placement(1, &[1], &[(0, 4096)]);
+        on_disk.replicas[0].generation = disk_gen;
+        ix.stream_put("disk-only", &on_disk);
+        assert!(ix.contains("disk-only"), "exists counts disk-only objects");
+        assert_eq!(ix.get("disk-only"), None, "read with the leader's placement");
+        // Promoted (or written through): memory on node 2, the disk copy on node 1.
+        let memory = placement(1, &[2], &[(8192, 4096)]);
+        let mut both = memory.clone();
+        both.replicas.push(on_disk.replicas[0].clone());
+        ix.stream_put("both", &both);
+        assert_eq!(ix.get("both"), Some(memory));
     }
 
     #[test]

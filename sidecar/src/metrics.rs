@@ -54,6 +54,7 @@ pub struct Metrics {
     pub index_stale_reads: IntCounterVec,
     pub accesses_dropped: IntCounter,
     pub disk_offloads: IntCounter,
+    pub disk_promotions: IntCounter,
     pub disk_healthy: IntGaugeVec,
     pub disk_capacity_bytes: IntGaugeVec,
     pub disk_used_bytes: IntGaugeVec,
@@ -256,6 +257,7 @@ impl Metrics {
             disk_compacted: gv("disk_compacted", "Records moved by compaction", &["disk"]),
             disk_lost: gv("disk_lost", "Objects dropped because their disk failed", &["disk"]),
             disk_offloads: c("disk_offloads_total", "Objects this node moved from its memory to its disk tier (committed)"),
+            disk_promotions: c("disk_promotions_total", "Disk-only objects this node copied back into its memory on a hit (before metad commits them)"),
             index_objects: g("index_objects", "Objects in this node's index"),
             index_bytes: g(
                 "index_bytes",

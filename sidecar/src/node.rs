@@ -220,8 +220,12 @@ impl Sidecar {
             self.remount().await;
             return true;
         }
-        if !reply.offload.is_empty() {
-            let _ = self.offload_tx.send(reply.offload);
+        let orders = crate::offload::Orders {
+            offload: reply.offload,
+            promote: reply.promote,
+        };
+        if !orders.is_empty() {
+            let _ = self.offload_tx.send(orders);
         }
         let released = self.store.tracker.quarantined(&reply.quarantined);
         if !released.is_empty() {

@@ -1,7 +1,9 @@
 //! The node's side of the disk tier with metad (design §6 "Tiers", docs/ssd.md): offload
-//! orders from heartbeat replies are copied from the segment to a disk and reported; the
-//! disks' drops (their own eviction, damaged records, a failed disk) are reported; after a
-//! start the disks' inventory is reported, and records metad does not list are deleted.
+//! orders from heartbeat replies are copied from the segment to a disk and reported (copy
+//! orders of write-through too, the memory kept); promotions are read from a disk into the
+//! memory metad reserved for them and reported; the disks' drops (their own eviction,
+//! damaged records, a failed disk) are reported; after a start the disks' inventory is
+//! reported, and records metad does not list are deleted.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,14 +28,44 @@ const REPORT_RETRIES: usize = 5;
 /// Items per inventory report.
 const INVENTORY_CHUNK: usize = 16_384;
 
-pub type Orders = Vec<mpb::OffloadOrder>;
+/// A connection id no client has: the tracker lists the sidecar's own promotions under it.
+const PROMOTION_CONN: u64 = u64::MAX;
+/// Disk hits ask metad for the promotions they caused at most this often.
+const HIT_POLL: Duration = Duration::from_millis(20);
 
-/// What one round of offload did.
+/// What metad asked of the disk tier (a heartbeat reply, a report's answer).
+#[derive(Debug, Default)]
+pub struct Orders {
+    pub offload: Vec<mpb::OffloadOrder>,
+    pub promote: Vec<mpb::PromoteOrder>,
+}
+
+impl Orders {
+    pub fn is_empty(&self) -> bool {
+        self.offload.is_empty() && self.promote.is_empty()
+    }
+}
+
+/// What one round of the disk tier did.
 #[derive(Default)]
 struct Done {
     moved: Vec<mpb::DiskItem>,
+    copied: Vec<mpb::DiskItem>,
     failed: Vec<mpb::DiskItem>,
     dropped: Vec<Dropped>,
+    promoted: Vec<Version>,
+    promote_failed: Vec<Version>,
+}
+
+impl Done {
+    fn is_empty(&self) -> bool {
+        self.moved.is_empty()
+            && self.copied.is_empty()
+            && self.failed.is_empty()
+            && self.dropped.is_empty()
+            && self.promoted.is_empty()
+            && self.promote_failed.is_empty()
+    }
 }
 
 fn item(key: &str, version: Version, disk: u32) -> mpb::DiskItem {
@@ -56,6 +88,7 @@ pub async fn run(side: Arc<Sidecar>, mut orders: mpsc::UnboundedReceiver<Orders>
     // While the leader is ordering offloads, orders are asked for every POLL rather than
     // waited for with the next heartbeat (a second apart).
     let mut active_until = Instant::now();
+    let mut last_hit_poll = Instant::now();
     loop {
         tokio::select! {
             _ = stop.wait() => return,
@@ -63,11 +96,24 @@ pub async fn run(side: Arc<Sidecar>, mut orders: mpsc::UnboundedReceiver<Orders>
                 let Some(mut o) = o else { return };
                 // The leader answers a report with more orders while usage is high.
                 while !o.is_empty() && !stop.is_shutdown() {
-                    active_until = Instant::now() + ACTIVE_FOR;
-                    o = offload(&side, o).await;
+                    if !o.offload.is_empty() {
+                        active_until = Instant::now() + ACTIVE_FOR;
+                    }
+                    o = carry_out(&side, o).await;
                 }
             }
             _ = poll.tick(), if Instant::now() < active_until => {
+                let more = report(&side, Done::default(), true).await;
+                if !more.is_empty() {
+                    let _ = side.offload_tx.send(more);
+                }
+            }
+            // A disk-only object was read here: the leader ordered its promotion with the
+            // get's placement; fetch it now rather than with the next heartbeat.
+            _ = side.disks.hits.notified() => {
+                let wait = HIT_POLL.saturating_sub(last_hit_poll.elapsed());
+                tokio::time::sleep(wait).await;
+                last_hit_poll = Instant::now();
                 let more = report(&side, Done::default(), true).await;
                 if !more.is_empty() {
                     let _ = side.offload_tx.send(more);
@@ -88,12 +134,108 @@ pub async fn run(side: Arc<Sidecar>, mut orders: mpsc::UnboundedReceiver<Orders>
 }
 
 /// Carries out orders; answers the next ones the leader gave with its reply.
-async fn offload(side: &Arc<Sidecar>, orders: Orders) -> Orders {
+async fn carry_out(side: &Arc<Sidecar>, orders: Orders) -> Orders {
+    let Orders { offload, promote } = orders;
+    let promote = admit_promotions(side, promote).await;
+    let tracked: Vec<Version> = promote.iter().filter_map(|p| p.reservation).collect();
     let s = side.clone();
-    let done = tokio::task::spawn_blocking(move || copy_to_disk(&s, &orders))
-        .await
-        .unwrap_or_default();
-    report(side, done, true).await
+    let done = tokio::task::spawn_blocking(move || {
+        let mut done = copy_to_disk(&s, &offload);
+        promote_all(&s, &promote, &mut done);
+        done
+    })
+    .await
+    .unwrap_or_default();
+    let more = report(side, done, true).await;
+    // The bytes are written (or never were): whatever metad answered, nothing more goes
+    // into these extents, so they need not be listed as in flight any longer.
+    for v in tracked {
+        side.store.tracker.untrack_local(v);
+    }
+    more
+}
+
+/// The promotions this node may carry out, tracked as in flight (so that a new leader holds
+/// their extents): each is tracked under the heartbeat gate, and kept only when no newer
+/// term was seen and metad has not quarantined it. A newer leader may have heard a heartbeat
+/// that did not list it, and may have placed other objects there.
+async fn admit_promotions(
+    side: &Arc<Sidecar>,
+    promote: Vec<mpb::PromoteOrder>,
+) -> Vec<mpb::PromoteOrder> {
+    if promote.is_empty() {
+        return promote;
+    }
+    let _gate = side.hb_gate.lock().await;
+    let tracker = &side.store.tracker;
+    promote
+        .into_iter()
+        .filter(|p| {
+            let Some(v) = p.reservation else { return false };
+            tracker.track_local(v, PROMOTION_CONN, p.extents.clone());
+            let ok = v.term >= tracker.highest_term() && !tracker.is_fenced(v);
+            if !ok {
+                tracker.untrack_local(v);
+            }
+            ok
+        })
+        .collect()
+}
+
+/// Reads each promoted object from its disk into the memory reserved for it (blocking).
+fn promote_all(side: &Sidecar, promote: &[mpb::PromoteOrder], done: &mut Done) {
+    for p in promote {
+        let Some(v) = p.reservation else { continue };
+        match promote_one(side, p) {
+            Ok(()) => done.promoted.push(v),
+            Err(why) => {
+                tracing::debug!(key = %p.key, why, "promotion not done");
+                done.promote_failed.push(v);
+            }
+        }
+    }
+}
+
+/// One promotion: the record of the object's version, verified, into the reserved extents.
+fn promote_one(side: &Sidecar, p: &mpb::PromoteOrder) -> Result<(), String> {
+    let version = p.version.ok_or("no version")?;
+    let reserved: u64 = p.extents.iter().map(|e| e.len).sum();
+    if reserved < p.size {
+        return Err(format!("{reserved} bytes reserved for {}", p.size));
+    }
+    let (disk, key) = side
+        .disks
+        .holder(&version, Some(p.disk))
+        .ok_or("no record of that version")?;
+    if key != p.key {
+        return Err(format!("the record of that version is {key:?}"));
+    }
+    let mut buf = vec![0u8; p.size as usize];
+    match disk.read(&key, Some(version), &mut buf) {
+        Ok(crate::disk::ReadOutcome::Hit { .. }) => {}
+        Ok(other) => return Err(format!("{other:?}")),
+        Err(e) => return Err(e.to_string()),
+    }
+    // `read` verified the bytes against the record's checksum; metad's must match too.
+    let seed = version.seed();
+    if regolith_proto::checksum::checksum(seed, &buf) != p.checksum {
+        return Err("the record does not match the object's checksum".into());
+    }
+    let mut off = 0usize;
+    for e in &p.extents {
+        if off == buf.len() {
+            break;
+        }
+        let n = (e.len as usize).min(buf.len() - off);
+        // SAFETY: `slice_mut` bounds-checks against the segment; the extents are this
+        // promotion's reservation, tracked as in flight, which nothing else writes.
+        let dst = unsafe { side.store.segment.slice_mut(e.offset, n as u64) }
+            .map_err(|e| e.to_string())?;
+        dst.copy_from_slice(&buf[off..off + n]);
+        off += n;
+    }
+    side.metrics.disk_promotions.inc();
+    Ok(())
 }
 
 /// The disk in service with the most room.
@@ -184,6 +326,7 @@ fn copy_batch(side: &Sidecar, disk: &Disk, n: u32, orders: &[mpb::OffloadOrder],
         let mut again = Vec::new();
         for ((o, v, b), r) in pending.into_iter().zip(results) {
             match r {
+                Written::Ok if o.copy => done.copied.push(item(&o.key, v, n)),
                 Written::Ok => done.moved.push(item(&o.key, v, n)),
                 Written::Full => again.push((o, v, b)),
                 Written::TooLarge | Written::BadChecksum => done.failed.push(item(&o.key, v, n)),
@@ -210,13 +353,16 @@ fn copy_batch(side: &Sidecar, disk: &Disk, n: u32, orders: &[mpb::OffloadOrder],
 /// Tells metad what the disks did; records whose move was not committed are deleted.
 /// Answers the further orders metad sent back.
 async fn report(side: &Sidecar, done: Done, poll: bool) -> Orders {
-    if !poll && done.moved.is_empty() && done.failed.is_empty() && done.dropped.is_empty() {
-        return Vec::new();
+    if !poll && done.is_empty() {
+        return Orders::default();
     }
     let req = mpb::DiskReportRequest {
         node_id: side.node_id(),
         generation: side.store.tracker.generation(),
         moved: done.moved.clone(),
+        copied: done.copied.clone(),
+        promoted: done.promoted.clone(),
+        promote_failed: done.promote_failed.clone(),
         failed: done.failed,
         dropped: done
             .dropped
@@ -245,14 +391,26 @@ async fn report(side: &Sidecar, done: Done, poll: bool) -> Orders {
                 }
             }
             side.metrics.disk_offloads.inc_by(kept);
-            r.offload
+            for (m, ok) in done.copied.iter().zip(r.copied) {
+                if !ok {
+                    remove(side, m);
+                }
+            }
+            let refused = r.promoted.iter().filter(|ok| !**ok).count();
+            if refused > 0 {
+                tracing::debug!(refused, "promotions not committed (the objects changed)");
+            }
+            Orders {
+                offload: r.offload,
+                promote: r.promote,
+            }
         }
         Err(e) => {
             // Whether the moves were committed is unknown: the records stay (metad is the
             // truth; a record it does not list is deleted at the next inventory, or leaves
             // with its bucket). Drops are found again at the next inventory.
             tracing::warn!(error = %e, moved = done.moved.len(), "disk report failed");
-            Vec::new()
+            Orders::default()
         }
     }
 }

@@ -445,7 +445,12 @@ impl Admission for TrackerAdmission {
             .holder(&version, Some(disk))
             .ok_or(Status::BadGeneration)?;
         match d.read_range(&version, req.offset, dst) {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                if req.offset == 0 {
+                    tier.note_hit();
+                }
+                Ok(())
+            }
             Ok(false) => Err(Status::BadGeneration),
             Err(e) => {
                 tracing::warn!(error = %e, "disk read for a peer failed");

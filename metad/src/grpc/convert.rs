@@ -261,6 +261,26 @@ pub fn offload_order(o: &crate::leader::offload::Order) -> pb::OffloadOrder {
         size: o.size,
         checksum: o.checksum,
         extents: o.extents.iter().map(extent).collect(),
+        copy: o.copy,
+    }
+}
+
+pub fn promote_order(p: &crate::leader::offload::Promotion) -> pb::PromoteOrder {
+    pb::PromoteOrder {
+        key: p.key.clone(),
+        version: Some(version(p.version)),
+        size: p.size,
+        checksum: p.checksum,
+        disk: p.disk,
+        reservation: Some(version(p.reservation)),
+        extents: p.extents.iter().map(extent).collect(),
+    }
+}
+
+fn version_from(v: &regolith_proto::common::Version) -> Version {
+    Version {
+        term: v.term,
+        id: v.id,
     }
 }
 
@@ -290,6 +310,9 @@ pub fn disk_report(r: &pb::DiskReportRequest) -> crate::ops::disk::DiskReport {
         inventory: r.inventory,
         held: r.held.iter().filter_map(disk_item).collect(),
         inventory_done: r.inventory_done,
+        copied: r.copied.iter().filter_map(disk_item).collect(),
+        promoted: r.promoted.iter().map(version_from).collect(),
+        promote_failed: r.promote_failed.iter().map(version_from).collect(),
     }
 }
 

@@ -285,6 +285,7 @@ impl Metad for MetadService {
                     .collect(),
                 draining: reply.draining,
                 offload: reply.offload.iter().map(convert::offload_order).collect(),
+                promote: reply.promote.iter().map(convert::promote_order).collect(),
             })
         })
         .await
@@ -298,7 +299,13 @@ impl Metad for MetadService {
             let node = self.ops.node_name(req.get_ref().node_id);
             self.check_node_identity(&req, node.as_deref())?;
             let r = req.into_inner();
-            let items = r.moved.len() + r.failed.len() + r.dropped.len() + r.held.len();
+            let items = r.moved.len()
+                + r.failed.len()
+                + r.dropped.len()
+                + r.held.len()
+                + r.copied.len()
+                + r.promoted.len()
+                + r.promote_failed.len();
             if items > crate::config::MAX_BATCH_KEYS * 4 {
                 return Err(crate::error::Error::InvalidArgument(format!(
                     "{items} items in one disk report; at most {}",
@@ -311,6 +318,7 @@ impl Metad for MetadService {
                 .chain(&r.failed)
                 .chain(&r.dropped)
                 .chain(&r.held)
+                .chain(&r.copied)
             {
                 self.ops.check_keys(std::slice::from_ref(&k.key))?;
             }
@@ -319,6 +327,9 @@ impl Metad for MetadService {
                 moved: reply.moved,
                 unknown: reply.unknown.iter().map(convert::disk_item_of).collect(),
                 offload: reply.offload.iter().map(convert::offload_order).collect(),
+                copied: reply.copied,
+                promoted: reply.promoted,
+                promote: reply.promote.iter().map(convert::promote_order).collect(),
             })
         })
         .await

@@ -26,7 +26,9 @@ use crate::command::Command;
 use crate::config::{CacheConfig, Now};
 use crate::error::{Error, Result};
 use crate::state::{Effect, StateMachine};
-use crate::types::{Extent, NodeId, Pin, Replica, SegmentId, SegmentState, UnmountReason, Version};
+use crate::types::{
+    Extent, NodeId, Object, Pin, Replica, SegmentId, SegmentState, UnmountReason, Version,
+};
 
 use leases::Leases;
 use liveness::Liveness;
@@ -107,6 +109,8 @@ pub struct HeartbeatReply {
     pub draining: bool,
     /// Objects for the node to copy to its disk tier.
     pub offload: Vec<offload::Order>,
+    /// Disk-only objects for the node to copy back into its memory.
+    pub promote: Vec<offload::Promotion>,
 }
 
 /// What a commit turned into.
@@ -303,6 +307,7 @@ impl Leader {
             deadline_ms: now.mono_ms.saturating_add(self.cfg.put_timeout_ms),
             state: ResState::Live,
             upsert: req.upsert,
+            promote: None,
         });
         Ok(Reserved {
             version,
@@ -391,6 +396,19 @@ impl Leader {
             p => p,
         };
         let key = r.key.clone();
+        if let Some(object) = r.promote {
+            let Some(replica) = r.replicas.first().cloned() else {
+                return Err(Error::Internal(format!(
+                    "promotion {version} of {key:?} holds no memory"
+                )));
+            };
+            return Ok(CommitStep::Propose(Command::PromoteToMemory {
+                key,
+                version: object,
+                reservation: version,
+                replica,
+            }));
+        }
         let (size, replicas) = (r.size, r.replicas.clone());
         // A TTL too large to add (up to u64::MAX) saturates: the object never expires.
         let expires_ms = if r.ttl_ms == 0 {
@@ -483,6 +501,7 @@ impl Leader {
             quarantined: self.res.quarantined_on(&hb.segment),
             draining: matches!(seg.state, SegmentState::Draining { .. }),
             offload: self.offloads.take_orders(hb.segment.node),
+            promote: self.offloads.take_promotions(hb.segment.node),
         }
     }
 
@@ -502,6 +521,7 @@ impl Leader {
             .map(|k| {
                 let obj = sm.touch_object(k, access)?.clone();
                 self.leases.grant(obj.version, k, until);
+                self.promote_on_hit(sm, k, &obj, now);
                 let mut replicas: Vec<PlacedReplica> = obj
                     .replicas
                     .to_vec()
@@ -527,6 +547,84 @@ impl Leader {
             .collect()
     }
 
+    /// A get hit an object held only on disk: when promotion is on and the pool has room
+    /// below the offload target (so a promotion never starts an offload), reserves memory on
+    /// the disk's node and orders the node to copy the object there (design §6 "Tiers").
+    fn promote_on_hit(&mut self, sm: &StateMachine, key: &str, obj: &Object, now: Now) {
+        if !self.cfg.promote_on_hit || obj.footprint() != 0 {
+            return;
+        }
+        let res = &self.res;
+        let live = |v: &Version| res.get(v).is_some_and(|r| r.state != ResState::Quarantined);
+        if self.offloads.is_promoting(key, live) {
+            return;
+        }
+        let Some((node, disk)) = obj.replicas.pieces().iter().find_map(|p| {
+            let node = p.segment().node;
+            p.is_disk()
+                .then(|| obj.replicas.disk_on(node).map(|d| (node, d)))
+                .flatten()
+        }) else {
+            return;
+        };
+        if !self.offloads.tiers.contains_key(&node) {
+            return;
+        }
+        let Some(seg) = sm.node_segment(node).map(|s| s.id) else {
+            return;
+        };
+        let usable = self
+            .shadow
+            .get(&seg)
+            .is_some_and(|s| s.ready && !s.draining && s.alloc.capacity() > 0);
+        if !usable || !self.alive(&seg, now) {
+            return;
+        }
+        let (total, free) = self.shadow.usage();
+        let room = (total as f64
+            * (self.cfg.offload_watermark - self.cfg.eviction_ratio).max(0.0))
+            as u64;
+        if (total - free).saturating_add(obj.size) > room {
+            return;
+        }
+        let Some(placed) = placement::allocate(
+            &mut self.shadow,
+            &[seg],
+            obj.size,
+            1,
+            self.cfg.max_extents_per_replica,
+        ) else {
+            return;
+        };
+        let extents = placed.first().map(|r| r.extents.clone()).unwrap_or_default();
+        let reservation = self.res.next_version(self.term);
+        self.res.insert(Reservation {
+            version: reservation,
+            key: key.to_string(),
+            size: obj.size,
+            replicas: placed,
+            pin: Pin::None,
+            ttl_ms: 0,
+            soft_pin_ttl_ms: 0,
+            deadline_ms: now.mono_ms.saturating_add(self.cfg.put_timeout_ms),
+            state: ResState::Live,
+            upsert: false,
+            promote: Some(obj.version),
+        });
+        self.offloads.promote(
+            node,
+            offload::Promotion {
+                key: key.to_string(),
+                version: obj.version,
+                size: obj.size,
+                checksum: obj.checksum,
+                disk,
+                reservation,
+                extents,
+            },
+        );
+    }
+
     /// Refreshes the access time of objects a sidecar read through its own index (the leader
     /// saw no get for them); unknown keys are skipped. Answers how many were known.
     pub fn touch(&self, sm: &mut StateMachine, keys: &[String], now: Now) -> usize {
@@ -547,7 +645,12 @@ impl Leader {
         match fx {
             Effect::Committed { version, key } => {
                 sm.touch_object(key, access_s(now));
-                self.res.remove(version);
+                let promoted = self.res.remove(version).is_some_and(|r| r.promote.is_some());
+                if promoted {
+                    self.offloads.promotion_ended(key, version);
+                } else if self.cfg.write_through {
+                    self.offloads.order_copies(sm, key);
+                }
                 self.res.remember_commit(
                     *version,
                     now.mono_ms.saturating_add(self.cfg.put_timeout_ms),
@@ -555,6 +658,9 @@ impl Leader {
             }
             Effect::CommitRejected { version } => {
                 if let Some(r) = self.res.remove(version) {
+                    if r.promote.is_some() {
+                        self.offloads.promotion_ended(&r.key, version);
+                    }
                     for rep in &r.replicas {
                         self.shadow.free(&rep.segment, &rep.extents);
                     }
@@ -631,6 +737,11 @@ impl Leader {
                 }
             }
             Command::ExpirePins { .. } => self.expire_proposed_ms = None,
+            Command::MoveToDisk { items, .. } => {
+                for it in items {
+                    self.offloads.reported(&it.key);
+                }
+            }
             Command::DrainSegment { segment, .. } if sm.segment(segment).is_some() => {
                 self.shadow.set_draining(segment);
             }
@@ -663,7 +774,13 @@ impl Leader {
             out.push(c);
         }
         self.offloads.expire(now.mono_ms);
+        let res = &self.res;
+        self.offloads
+            .forget_dead_promotions(|v| res.get(v).is_some_and(|r| r.state != ResState::Quarantined));
         self.plan_offloads(sm, now);
+        for (node, items) in self.offloads.take_frees() {
+            out.push(Command::MoveToDisk { node, items });
+        }
         if let Some(c) = self.eviction_due(sm, now, 0) {
             out.push(c);
         }

@@ -6,9 +6,18 @@
 //! replica in the memory of a node with disks are ordered to that node; it copies them to a
 //! disk and reports them (`DiskReport`), and the leader commits the move (`MoveToDisk`), which
 //! frees their memory. Eviction (dropping) stays the fallback above its own, higher watermark.
+//! An object that already has a copy on that node's disk (write-through, or promoted back to
+//! memory) needs no copy: its memory is freed by a `MoveToDisk` the leader proposes itself.
+//!
+//! Promotion (the way back): a get of an object held only on disk, with room in the pool,
+//! reserves memory on the disk's node and orders the node to copy the record there; the
+//! node reports it and the leader commits `PromoteToMemory` through the reservation.
+//! Write-through: each committed put is ordered copied to the disk tiers of the nodes that
+//! hold it in memory (`copy` orders; committed as `CopyToDisk`).
 
 use std::collections::{HashMap, HashSet};
 
+use crate::command::DiskMove;
 use crate::objects::Cursor;
 use crate::state::StateMachine;
 use crate::types::{Extent, NodeId, Object, SegmentId, Version};
@@ -35,6 +44,20 @@ pub struct Order {
     pub checksum: u64,
     /// Its extents in the node's current segment.
     pub extents: Vec<Extent>,
+    /// Write-through: copy to disk and keep the memory replica.
+    pub copy: bool,
+}
+
+/// One disk-only object for its node to copy back into memory, at a reservation's extents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Promotion {
+    pub key: String,
+    pub version: Version,
+    pub size: u64,
+    pub checksum: u64,
+    pub disk: u32,
+    pub reservation: Version,
+    pub extents: Vec<Extent>,
 }
 
 #[derive(Default, Debug)]
@@ -49,6 +72,13 @@ pub struct Offloads {
     pub active: bool,
     /// Inventories being reported by restarted nodes (`DiskReport` with `inventory`).
     pub inventories: HashMap<NodeId, HashSet<(String, Version)>>,
+    /// Objects with a disk copy on the node whose memory is to be freed: the leader proposes
+    /// these moves itself (nothing to copy).
+    frees: HashMap<NodeId, Vec<DiskMove>>,
+    /// Promotions waiting for the node's next heartbeat or report.
+    promotions: HashMap<NodeId, Vec<Promotion>>,
+    /// Key → the reservation of its promotion in progress.
+    promoting: HashMap<String, Version>,
 }
 
 impl Offloads {
@@ -57,6 +87,7 @@ impl Offloads {
         if tier.disks == 0 {
             self.tiers.remove(&node);
             self.queued.remove(&node);
+            self.frees.remove(&node);
         } else {
             self.tiers.insert(node, tier);
         }
@@ -95,19 +126,19 @@ impl Offloads {
         }
     }
 
-    /// The memory segment of `o` that an order would empty: a piece on the current segment
-    /// of a node with a disk tier, where the object has no disk replica yet.
+    /// The memory segment of `o` that an offload would empty: a piece on the current segment
+    /// of a node with a disk tier (copied to its disk first unless a copy is there already).
     pub fn target(&self, sm: &StateMachine, o: &Object) -> Option<SegmentId> {
         o.replicas.pieces().iter().find_map(|p| {
             let seg = p.segment();
             let node = seg.node;
             let current = sm.node_segment(node).map(|s| s.id) == Some(seg);
-            let has_disk = o.replicas.disk_on(node).is_some();
-            (!p.is_disk() && current && !has_disk && self.tiers.contains_key(&node)).then_some(seg)
+            (!p.is_disk() && current && self.tiers.contains_key(&node)).then_some(seg)
         })
     }
 
-    /// Queues an order for `key` (an object of `sm`) to the node of its `target`.
+    /// Offloads `key` (an object of `sm`) from the memory of its `target`'s node: an order to
+    /// copy it, or, when the node's disk holds it already, a move for the leader to propose.
     pub fn order(&mut self, sm: &StateMachine, key: &str, now_ms: u64) -> bool {
         let Some(o) = sm.object(key) else {
             return false;
@@ -115,24 +146,85 @@ impl Offloads {
         let Some(seg) = self.target(sm, o) else {
             return false;
         };
-        let extents: Vec<Extent> = o
-            .replicas
-            .pieces()
-            .iter()
-            .filter(|p| p.segment() == seg)
-            .map(|p| p.extent())
-            .collect();
-        self.queued.entry(seg.node).or_default().push(Order {
-            key: key.to_string(),
-            version: o.version,
-            size: o.size,
-            checksum: o.checksum,
-            extents,
-        });
+        match o.replicas.disk_on(seg.node) {
+            Some(disk) => self.frees.entry(seg.node).or_default().push(DiskMove {
+                key: key.to_string(),
+                version: o.version,
+                disk,
+            }),
+            None => self
+                .queued
+                .entry(seg.node)
+                .or_default()
+                .push(copy_order(key, o, seg, false)),
+        }
         self.in_flight
             .insert(key.to_string(), (seg.node, now_ms + ORDER_TTL_MS, o.size));
         self.in_flight_bytes += o.size;
         true
+    }
+
+    /// Write-through: orders `key` copied to the disk tier of every node that holds it in
+    /// memory and has disks (no disk copy there yet). Not counted as bytes in flight: a copy
+    /// frees no memory.
+    pub fn order_copies(&mut self, sm: &StateMachine, key: &str) -> usize {
+        let Some(o) = sm.object(key) else {
+            return 0;
+        };
+        let segs: Vec<SegmentId> = o
+            .replicas
+            .segments()
+            .filter(|s| {
+                !s.is_disk()
+                    && self.tiers.contains_key(&s.node)
+                    && o.replicas.disk_on(s.node).is_none()
+            })
+            .collect();
+        for seg in &segs {
+            self.queued
+                .entry(seg.node)
+                .or_default()
+                .push(copy_order(key, o, *seg, true));
+        }
+        segs.len()
+    }
+
+    /// The moves of objects already on disk, per node, for the leader to propose.
+    pub fn take_frees(&mut self) -> Vec<(NodeId, Vec<DiskMove>)> {
+        self.frees.drain().collect()
+    }
+
+    /// Whether a promotion of `key` is waiting or in progress under a reservation that
+    /// `live` says is still live.
+    pub fn is_promoting(&self, key: &str, live: impl Fn(&Version) -> bool) -> bool {
+        self.promoting.get(key).is_some_and(live)
+    }
+
+    /// Queues a promotion for its node.
+    pub fn promote(&mut self, node: NodeId, p: Promotion) {
+        self.promoting.insert(p.key.clone(), p.reservation);
+        self.promotions.entry(node).or_default().push(p);
+    }
+
+    /// The promotion under `reservation` ended (committed or refused).
+    pub fn promotion_ended(&mut self, key: &str, reservation: &Version) {
+        if self.promoting.get(key) == Some(reservation) {
+            self.promoting.remove(key);
+        }
+    }
+
+    /// Forgets promotions whose reservations `live` no longer finds.
+    pub fn forget_dead_promotions(&mut self, live: impl Fn(&Version) -> bool) {
+        self.promoting.retain(|_, v| live(v));
+        for q in self.promotions.values_mut() {
+            q.retain(|p| live(&p.reservation));
+        }
+        self.promotions.retain(|_, q| !q.is_empty());
+    }
+
+    /// The promotions for `node`'s heartbeat reply or report answer.
+    pub fn take_promotions(&mut self, node: NodeId) -> Vec<Promotion> {
+        self.promotions.remove(&node).unwrap_or_default()
     }
 
     /// The orders for `node`'s heartbeat reply.
@@ -150,6 +242,8 @@ impl Offloads {
     pub fn forget_node(&mut self, node: NodeId) {
         self.tiers.remove(&node);
         self.queued.remove(&node);
+        self.frees.remove(&node);
+        self.promotions.remove(&node);
         let mut freed = 0;
         self.in_flight.retain(|_, (n, _, b)| {
             let keep = *n != node;
@@ -159,5 +253,23 @@ impl Offloads {
             keep
         });
         self.in_flight_bytes -= freed.min(self.in_flight_bytes);
+    }
+}
+
+/// An order for `key` (object `o`) to copy its replica on `seg` to the node's disk.
+fn copy_order(key: &str, o: &Object, seg: SegmentId, copy: bool) -> Order {
+    Order {
+        key: key.to_string(),
+        version: o.version,
+        size: o.size,
+        checksum: o.checksum,
+        extents: o
+            .replicas
+            .pieces()
+            .iter()
+            .filter(|p| p.segment() == seg)
+            .map(|p| p.extent())
+            .collect(),
+        copy,
     }
 }

@@ -41,6 +41,9 @@ pub struct Reservation {
     pub state: ResState,
     /// Commits as an `UpsertPut` (replacing an existing object under the key).
     pub upsert: bool,
+    /// A promotion of the object of this version back to memory (commits as
+    /// `PromoteToMemory`); the key is not held against puts (the object exists).
+    pub promote: Option<Version>,
 }
 
 impl Reservation {
@@ -71,7 +74,7 @@ impl Reservations {
     }
 
     pub fn insert(&mut self, r: Reservation) {
-        if !r.key.is_empty() {
+        if !r.key.is_empty() && r.promote.is_none() {
             self.by_key.insert(r.key.clone(), r.version);
         }
         self.by_version.insert(r.version, r);
@@ -121,6 +124,7 @@ impl Reservations {
             deadline_ms: 0,
             state: ResState::Quarantined,
             upsert: false,
+            promote: None,
         });
         match r.replicas.iter_mut().find(|x| x.segment == seg) {
             Some(rep) => rep.extents.extend(extents),

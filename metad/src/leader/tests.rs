@@ -664,3 +664,253 @@ fn without_disks_nothing_is_ordered_and_eviction_drops_as_before() {
     assert!(cmds.iter().any(|c| matches!(c, Command::Evict { .. })));
     assert!(l.offloads.is_idle());
 }
+
+/// A leader of term 1 over node "a" with a disk tier, holding `key` (4 KiB) on disk only.
+fn disk_only(cfg: CacheConfig, key: &str, now: Now) -> Core {
+    let mut core = Core::new(cfg);
+    core.become_leader(1, now);
+    core.apply(&mount("a", now), now);
+    heartbeat_with_disk(&mut core, now);
+    put_and_commit(&mut core, &put(key, 0), now);
+    let node = core.sm().segments().next().unwrap().id.node;
+    let version = core.sm().object(key).unwrap().version;
+    let moved = core.apply(
+        &Command::MoveToDisk {
+            node,
+            items: vec![crate::command::DiskMove {
+                key: key.into(),
+                version,
+                disk: 0,
+            }],
+        },
+        now,
+    );
+    assert_eq!(moved, Outcome::MovedToDisk(vec![true]));
+    assert_eq!(core.sm().object(key).unwrap().footprint(), 0);
+    core
+}
+
+/// The promotions the node's next heartbeat reply carries.
+fn promotions(core: &mut Core, now: Now) -> Vec<offload::Promotion> {
+    let seg = core.sm().segments().next().unwrap().id;
+    let (l, sm) = core.leader_parts().unwrap();
+    l.heartbeat(
+        sm,
+        &Heartbeat {
+            segment: seg,
+            disk: offload::DiskTier {
+                disks: 1,
+                capacity: 64 << 20,
+                used: 4096,
+            },
+            ..Default::default()
+        },
+        now,
+    )
+    .promote
+}
+
+fn get(core: &mut Core, key: &str, now: Now) -> Option<Placement> {
+    let (l, sm) = core.leader_parts().unwrap();
+    l.get(sm, &[key.to_string()], 0, now).pop().flatten()
+}
+
+#[test]
+fn a_get_of_a_disk_only_object_promotes_it_into_its_nodes_memory_keeping_the_disk_copy() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = disk_only(CacheConfig::default(), "k", t0);
+    let used = core.sm().bytes_used();
+    let p = get(&mut core, "k", t0).expect("found");
+    assert!(p.replicas.iter().all(|r| r.segment.is_disk()));
+    // A second get while the promotion is under way orders no second one.
+    get(&mut core, "k", t0).expect("found");
+    let orders = promotions(&mut core, t0);
+    assert_eq!(orders.len(), 1, "{orders:?}");
+    let o = &orders[0];
+    assert_eq!((o.key.as_str(), o.version, o.disk), ("k", p.version, 0));
+    assert_eq!(o.extents.iter().map(|e| e.len).sum::<u64>(), 4096);
+    // The extents are held: no put is placed on them.
+    let (l, sm) = core.leader_parts().unwrap();
+    let other = l.reserve(sm, &put("other", 0), t0).unwrap();
+    assert!(other.replicas[0]
+        .extents
+        .iter()
+        .all(|e| o.extents.iter().all(|x| !x.overlaps(e))));
+    // The node reports it done: the commit adds the memory replica, the disk copy stays.
+    let CommitStep::Propose(cmd) = l.commit(o.reservation, 0, t0).unwrap() else {
+        panic!("a promotion commits through a proposal");
+    };
+    assert!(matches!(cmd, Command::PromoteToMemory { .. }), "{cmd:?}");
+    assert_eq!(core.apply(&cmd, t0), Outcome::Committed);
+    let obj = core.sm().object("k").unwrap();
+    assert_eq!(obj.footprint(), 4096);
+    assert_eq!(obj.replicas.disk_on(1), Some(0));
+    assert_eq!(core.sm().bytes_used(), used + 4096);
+    let (l, _) = core.leader_parts().unwrap();
+    assert!(l.reservations().get(&o.reservation).is_none(), "ended");
+    // Now in memory: a get promotes nothing more, and offers both replicas.
+    let p = get(&mut core, "k", t0).unwrap();
+    assert_eq!(p.replicas.len(), 2);
+    assert!(promotions(&mut core, t0).is_empty());
+}
+
+#[test]
+fn objects_with_a_disk_copy_are_offloaded_by_freeing_memory_without_a_copy_order() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let cfg = CacheConfig {
+        write_through: true,
+        ..CacheConfig::default()
+    };
+    let mut core = Core::new(cfg);
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    heartbeat_with_disk(&mut core, t0);
+    let node = core.sm().segments().next().unwrap().id.node;
+    // Write-through: every put is ordered copied to disk, keeping its memory.
+    for i in 0..220 {
+        put_and_commit(&mut core, &put(&format!("k{i}"), 0), t0);
+    }
+    let copies = heartbeat_with_disk(&mut core, t0);
+    assert_eq!(copies.len(), 220);
+    assert!(copies.iter().all(|o| o.copy && o.size == 4096));
+    let items: Vec<crate::command::DiskMove> = copies
+        .iter()
+        .map(|o| crate::command::DiskMove {
+            key: o.key.clone(),
+            version: o.version,
+            disk: 0,
+        })
+        .collect();
+    let used = core.sm().bytes_used();
+    let out = core.apply(
+        &Command::CopyToDisk {
+            node,
+            items: items.clone(),
+        },
+        t0,
+    );
+    assert_eq!(out, Outcome::CopiedToDisk(vec![true; 220]));
+    assert_eq!(core.sm().bytes_used(), used, "a copy frees no memory");
+    let o = core.sm().object("k0").unwrap();
+    assert!(o.footprint() == 4096 && o.replicas.disk_on(node) == Some(0));
+    // Sent again (a lost answer): holds, changes nothing.
+    let again = Command::CopyToDisk {
+        node,
+        items: items[..1].to_vec(),
+    };
+    assert_eq!(core.apply(&again, t0), Outcome::CopiedToDisk(vec![true]));
+    // Above the offload watermark (86 %): the leader frees memory itself, no copy ordered.
+    let t1 = at(2_000, t0.wall_ms + 1_000);
+    let (l, sm) = core.leader_parts().unwrap();
+    let cmds = l.tick(sm, t1, true);
+    let moves: Vec<&Command> = cmds
+        .iter()
+        .filter(|c| matches!(c, Command::MoveToDisk { .. }))
+        .collect();
+    assert_eq!(moves.len(), 1, "{cmds:?}");
+    for c in cmds {
+        core.apply(&c, t1);
+    }
+    assert!(heartbeat_with_disk(&mut core, t1).is_empty(), "nothing to copy");
+    let (total, _) = {
+        let (l, _) = core.leader_parts().unwrap();
+        l.shadow().usage()
+    };
+    assert!(
+        core.sm().bytes_used() <= (total as f64 * 0.75) as u64,
+        "down to the offload target: {} of {total}",
+        core.sm().bytes_used()
+    );
+}
+
+#[test]
+fn no_promotion_when_it_is_off_or_the_pool_has_no_room() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let off = CacheConfig {
+        promote_on_hit: false,
+        ..CacheConfig::default()
+    };
+    let mut core = disk_only(off, "k", t0);
+    get(&mut core, "k", t0).expect("found");
+    assert!(promotions(&mut core, t0).is_empty());
+
+    // On, but the pool is at the offload target (75 %): a promotion would start an offload.
+    let mut core = disk_only(CacheConfig::default(), "k", t0);
+    for i in 0..192 {
+        put_and_commit(&mut core, &put(&format!("f{i}"), 0), t0);
+    }
+    get(&mut core, "k", t0).expect("found");
+    assert!(promotions(&mut core, t0).is_empty());
+    // Room again: promoted.
+    let cmd = Command::Remove {
+        keys: (0..8).map(|i| format!("f{i}")).collect(),
+    };
+    core.apply(&cmd, t0);
+    let t1 = at(10_000, t0.wall_ms + 9_000);
+    heartbeat_with_disk(&mut core, t1);
+    get(&mut core, "k", t1).expect("found");
+    assert_eq!(promotions(&mut core, t1).len(), 1);
+}
+
+#[test]
+fn a_promotion_overtaken_by_a_remove_is_refused_and_its_memory_freed() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = disk_only(CacheConfig::default(), "k", t0);
+    let free_before = core.leader_parts().unwrap().0.shadow().usage().1;
+    get(&mut core, "k", t0).expect("found");
+    let o = promotions(&mut core, t0).pop().expect("ordered");
+    assert_eq!(
+        core.leader_parts().unwrap().0.shadow().usage().1,
+        free_before - 4096
+    );
+    core.apply(
+        &Command::Remove {
+            keys: vec!["k".into()],
+        },
+        t0,
+    );
+    let (l, _) = core.leader_parts().unwrap();
+    let CommitStep::Propose(cmd) = l.commit(o.reservation, 0, t0).unwrap() else {
+        panic!("proposes");
+    };
+    assert!(matches!(core.apply(&cmd, t0), Outcome::Conflict(_)));
+    let (l, _) = core.leader_parts().unwrap();
+    assert_eq!(l.shadow().usage().1, free_before, "the reservation's memory is free again");
+    assert!(core.sm().object("k").is_none());
+}
+
+#[test]
+fn a_promotion_the_node_could_not_carry_out_is_quarantined_then_released() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = disk_only(CacheConfig::default(), "k", t0);
+    let free_before = core.leader_parts().unwrap().0.shadow().usage().1;
+    get(&mut core, "k", t0).expect("found");
+    let o = promotions(&mut core, t0).pop().expect("ordered");
+    let seg = core.sm().segments().next().unwrap().id;
+    let (l, sm) = core.leader_parts().unwrap();
+    l.abort(&[o.reservation]);
+    let r = l.heartbeat(
+        sm,
+        &Heartbeat {
+            segment: seg,
+            ..Default::default()
+        },
+        t0,
+    );
+    assert_eq!(r.quarantined, vec![o.reservation]);
+    l.heartbeat(
+        sm,
+        &Heartbeat {
+            segment: seg,
+            released: vec![o.reservation],
+            ..Default::default()
+        },
+        t0,
+    );
+    assert_eq!(l.shadow().usage().1, free_before);
+    // The object is still disk-only: the next hit orders a promotion again.
+    let t1 = at(2_000, t0.wall_ms + 1_000);
+    heartbeat_with_disk(&mut core, t1);
+    get(&mut core, "k", t1).expect("found");
+    assert_eq!(promotions(&mut core, t1).len(), 1);
+}

@@ -1,9 +1,11 @@
-//! The disk tier's reports (docs/ssd.md): offload orders done (moves to commit), disk
-//! replicas a node dropped, and a node's inventory after a restart, reconciled against the
-//! metadata.
+//! The disk tier's reports (docs/ssd.md): offload orders done (moves to commit), write-through
+//! copies done, promotions done (committed through their reservations) or failed (released),
+//! disk replicas a node dropped, and a node's inventory after a restart, reconciled against
+//! the metadata.
 
 use crate::command::{Command, DiskMove, Outcome};
 use crate::error::{Error, Result};
+use crate::ops::put::{CommitItem, Committed};
 use crate::types::{NodeId, Version};
 
 use super::Ops;
@@ -19,6 +21,11 @@ pub struct DiskReport {
     pub inventory: bool,
     pub held: Vec<DiskMove>,
     pub inventory_done: bool,
+    /// Write-through copies done.
+    pub copied: Vec<DiskMove>,
+    /// Reservations of promotions done, and of those not done.
+    pub promoted: Vec<Version>,
+    pub promote_failed: Vec<Version>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -29,6 +36,12 @@ pub struct DiskReportReply {
     pub unknown: Vec<DiskMove>,
     /// More orders for the node.
     pub offload: Vec<crate::leader::offload::Order>,
+    /// Per copied item: committed.
+    pub copied: Vec<bool>,
+    /// Per promoted reservation: committed.
+    pub promoted: Vec<bool>,
+    /// Promotions waiting for the node.
+    pub promote: Vec<crate::leader::offload::Promotion>,
 }
 
 impl Ops {
@@ -85,6 +98,8 @@ impl Ops {
                 other => return Err(Error::Internal(format!("move to disk answered {other:?}"))),
             }
         }
+        let copied = self.commit_copies(r).await?;
+        let promoted = self.commit_promotions(r).await?;
         let mut drop: Vec<(String, Version)> = r.dropped.clone();
         if !missing.is_empty() {
             tracing::info!(
@@ -101,21 +116,67 @@ impl Ops {
             })
             .await?;
         }
-        let offload = {
+        let (offload, promote) = {
             let now = self.clock.now();
             let mut core = self.core.lock();
             match core.leader_parts() {
                 Some((l, sm)) => {
                     l.plan_offloads(sm, now);
-                    l.offloads.take_orders(r.node)
+                    (
+                        l.offloads.take_orders(r.node),
+                        l.offloads.take_promotions(r.node),
+                    )
                 }
-                None => Vec::new(),
+                None => (Vec::new(), Vec::new()),
             }
         };
         Ok(DiskReportReply {
             moved,
             unknown,
             offload,
+            copied,
+            promoted,
+            promote,
         })
+    }
+
+    /// Commits the write-through copies a node made (`CopyToDisk`).
+    async fn commit_copies(&self, r: &DiskReport) -> Result<Vec<bool>> {
+        if r.copied.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self
+            .propose(Command::CopyToDisk {
+                node: r.node,
+                items: r.copied.clone(),
+            })
+            .await?
+        {
+            Outcome::CopiedToDisk(v) if v.len() == r.copied.len() => Ok(v),
+            other => Err(Error::Internal(format!("copy to disk answered {other:?}"))),
+        }
+    }
+
+    /// Commits the promotions a node carried out through their reservations (one proposal
+    /// round for all), and releases the memory of those it could not.
+    async fn commit_promotions(&self, r: &DiskReport) -> Result<Vec<bool>> {
+        if !r.promote_failed.is_empty() {
+            if let Some((l, _)) = self.core.lock().leader_parts() {
+                l.abort(&r.promote_failed);
+            }
+        }
+        if r.promoted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let items: Vec<CommitItem> = r
+            .promoted
+            .iter()
+            .map(|v| CommitItem {
+                version: Some(*v),
+                checksum: 0,
+            })
+            .collect();
+        let done = self.commit(&items).await?;
+        Ok(done.iter().map(|c| matches!(c, Committed::Ok)).collect())
     }
 }

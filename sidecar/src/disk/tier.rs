@@ -20,6 +20,9 @@ pub enum Slot {
 #[derive(Default)]
 pub struct Tier {
     pub slots: Vec<Slot>,
+    /// Signalled when a get read a disk-only object here (locally or for a peer): metad
+    /// may have ordered its promotion (`crate::offload`).
+    pub hits: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Tier {
@@ -57,7 +60,15 @@ impl Tier {
                 }
             })
             .collect();
-        Self { slots }
+        Self {
+            slots,
+            hits: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// A get read an object from a disk here.
+    pub fn note_hit(&self) {
+        self.hits.notify_one();
     }
 
     pub fn is_empty(&self) -> bool {

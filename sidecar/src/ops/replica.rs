@@ -166,7 +166,10 @@ impl Store {
         };
         let (d, key) = self.disks.holder(&version, Some(disk)).ok_or_else(gone)?;
         match crate::disk::blocking(|| d.read_hashed(&key, Some(version), dst, hashes))? {
-            crate::disk::ReadOutcome::Hit { .. } => Ok(()),
+            crate::disk::ReadOutcome::Hit { .. } => {
+                self.disks.note_hit();
+                Ok(())
+            }
             _ => Err(gone()),
         }
     }
