@@ -246,6 +246,10 @@ pub struct StatusArgs {
     /// Print JSON instead of tables
     #[arg(long)]
     pub json: bool,
+    /// A sidecar's --metrics-addr, read for its disks (`GET /status`); repeatable [default:
+    /// the sidecars of the `regolith up` cluster in --dir]
+    #[arg(long = "sidecar-metrics", value_name = "HOST:PORT")]
+    pub sidecar_metrics: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -628,9 +628,10 @@ fn up_tls_runs_every_daemon_over_mutual_tls() {
 }
 
 /// `regolith up --disk-size SIZE`: each sidecar has a disk tier of SIZE under its state
-/// directory, reported healthy in its `/status`.
+/// directory, reported healthy in its `/status`; `regolith status` shows each node's memory
+/// and disk, and the objects offloaded to the disks once the pool fills.
 #[test]
-fn up_disk_size_gives_each_sidecar_a_disk_under_its_state_directory() {
+fn up_disk_size_gives_each_sidecar_a_disk_and_status_shows_the_tiers() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("cluster");
     let base = free_base_port();
@@ -650,6 +651,81 @@ fn up_disk_size_gives_each_sidecar_a_disk_under_its_state_directory() {
         assert_eq!(d["path"].as_str(), disk.to_str(), "{st}");
         assert_eq!(d["healthy"], true, "{d}");
         assert_eq!(d["capacity_bytes"], 64u64 << 20, "{d}");
+    }
+
+    // Above the offload watermark (0.8 of the 128 MiB pool) the leader moves the least
+    // recently used objects to the disks: status counts them there.
+    let tiers = |up_dir: &Path| -> serde_json::Value {
+        let mut c = regolith(up_dir);
+        c.args(["status", "--json"]);
+        let st: serde_json::Value = serde_json::from_str(&ok(&run(c, None))).expect("JSON");
+        st["tiers"].clone()
+    };
+    let t = tiers(&dir);
+    let nodes = t.as_array().expect("tiers array");
+    assert_eq!(nodes.len(), 2, "{t}");
+    for (i, n) in nodes.iter().enumerate() {
+        assert_eq!(n["node_name"], format!("node-{i}"), "{t}");
+        assert_eq!(n["memory"]["total"], 64u64 << 20, "{n}");
+        assert_eq!(n["error"], serde_json::Value::Null, "{n}");
+        let d = &n["disks"][0];
+        let path = dir.join(format!("node-{i}")).join("disk");
+        assert_eq!(d["path"].as_str(), path.to_str(), "{n}");
+        assert_eq!(d["healthy"], true, "{n}");
+        assert_eq!(d["capacity_bytes"], 64u64 << 20, "{n}");
+        assert_eq!(d["objects"], 0, "nothing offloaded yet: {n}");
+    }
+    // 4 MiB objects: a 64 MiB disk has buckets of 8 MiB, and a record is at most a bucket.
+    let input = tmp.path().join("chunk.bin");
+    std::fs::write(&input, value(4 << 20)).unwrap();
+    for k in 0..28 {
+        let mut c = regolith(&dir);
+        c.args(["put", &format!("chunk/{k}")]).arg(&input);
+        ok(&run(c, None));
+    }
+    let disk_objects = |t: &serde_json::Value| -> u64 {
+        t.as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|n| n["disks"].as_array().cloned().unwrap_or_default())
+            .map(|d| d["objects"].as_u64().unwrap_or(0))
+            .sum()
+    };
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut t = tiers(&dir);
+    while disk_objects(&t) == 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(200));
+        t = tiers(&dir);
+    }
+    assert!(disk_objects(&t) > 0, "no object offloaded: {t}");
+    let used: u64 = t
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| n["disks"][0]["used_bytes"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(used >= disk_objects(&t) * (4 << 20), "{t}");
+    // The table: a memory row and a disk row per node.
+    let mut c = regolith(&dir);
+    c.arg("status");
+    let table = ok(&run(c, None));
+    for i in 0..2 {
+        let disk = dir.join(format!("node-{i}")).join("disk");
+        let row = table
+            .lines()
+            .find(|l| l.contains(disk.to_str().unwrap()))
+            .unwrap_or_else(|| panic!("no row for {}:\n{table}", disk.display()));
+        assert!(
+            row.starts_with(&format!("node-{i}")) && row.contains("disk 0"),
+            "{row}"
+        );
+        assert!(row.contains("healthy") && row.contains("64.0 MiB"), "{row}");
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(&format!("node-{i}")) && l.contains("memory")),
+            "{table}"
+        );
     }
     assert!(up.terminate_and_wait(Duration::from_secs(60)).success());
 }
