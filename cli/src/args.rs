@@ -159,6 +159,10 @@ pub struct BenchArgs {
     /// Print one JSON object on stdout (the table and progress go to stderr)
     #[arg(long)]
     pub json: bool,
+    /// A sidecar's --metrics-addr, read for its disks (the disk-tier rows); repeatable
+    /// [default: the sidecars of the `regolith up` cluster in --dir]
+    #[arg(long = "sidecar-metrics", value_name = "HOST:PORT")]
+    pub sidecar_metrics: Vec<String>,
     /// Test of the bench itself: expect one wrong byte in every value read, so every get
     /// should be reported as an error
     #[arg(long, hide = true)]

@@ -541,6 +541,10 @@ fn bench_verifies_every_byte_and_reports_a_wrong_one() {
         assert!(r["ops_per_s"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
         assert!(r["p50_us"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
         assert_eq!(report["data_plane_tls"], false, "{report}");
+        assert!(
+            report.get("disk").is_none(),
+            "no disks, no disk rows: {report}"
+        );
         for c in ["memcpy_gbps", "tcp_gbps", "tcp_rtt_us", "tls_gbps"] {
             assert!(
                 report["ceilings"][c].as_f64().unwrap_or(0.0) > 0.0,
@@ -559,6 +563,84 @@ fn bench_verifies_every_byte_and_reports_a_wrong_one() {
             "{filter}: a wrong byte must be counted: {r}"
         );
     }
+    let st = up.terminate_and_wait(Duration::from_secs(30));
+    assert!(st.success(), "regolith up exited with {st}");
+}
+
+/// `regolith bench` against `regolith up --disk-size`: disk-tier rows — get_into of objects
+/// only on a disk, through the node that owns it (local) and through the other (remote), at
+/// 4 KiB, 256 KiB and 16 MiB — beside the disks' ceilings measured in the same run, every byte
+/// verified and read from the disk; the offload row under eviction pressure; a wrong byte
+/// fails a disk row as it fails a memory row; nothing the bench put is left.
+#[test]
+fn bench_disk_rows_read_disk_only_objects_beside_the_disk_ceilings() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("cluster");
+    let mut up = Up::start_with(&dir, free_base_port(), &["--disk-size", "256MiB"]);
+    let dir = dir.canonicalize().expect("dir");
+
+    let (st, report) = bench_row(&dir, "disk", false);
+    assert!(st.success(), "bench failed: {report}");
+    assert_eq!(
+        report["results"].as_array().map(Vec::len),
+        Some(0),
+        "`disk` keeps no memory row: {report}"
+    );
+    let d = &report["disk"];
+    let ceilings = d["ceilings"].as_array().expect("disk ceilings");
+    assert_eq!(ceilings.len(), 2, "{d}");
+    for (i, c) in ceilings.iter().enumerate() {
+        assert_eq!(c["node"], format!("node-{i}"), "{c}");
+        assert_eq!(c["direct_io"], true, "{c}");
+        assert!(c["bytes"].as_u64().unwrap_or(0) >= 64 << 20, "{c}");
+        for f in ["write_gbps", "read_gbps"] {
+            assert!(c[f].as_f64().unwrap_or(0.0) > 0.0, "{f}: {c}");
+        }
+    }
+    let rows = d["results"].as_array().expect("disk rows");
+    let mut seen = Vec::new();
+    for r in rows {
+        let (mode, size) = (
+            r["mode"].as_str().unwrap_or(""),
+            r["size"].as_u64().unwrap_or(0),
+        );
+        seen.push((mode.to_string(), size));
+        assert_eq!(r["op"], "get_into", "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        let owner = if mode == "local" { "node-0" } else { "node-1" };
+        assert_eq!(r["owner"], owner, "{r}");
+        for f in ["ops_per_s", "gbps", "ratio", "ceiling_gbps", "p50_us"] {
+            assert!(r[f].as_f64().unwrap_or(0.0) > 0.0, "{f}: {r}");
+        }
+        // The bytes came from the owner's disk: at least one object's worth per row.
+        assert!(r["disk_read_bytes"].as_u64().unwrap_or(0) >= size, "{r}");
+    }
+    let mut want: Vec<(String, u64)> = ["local", "remote"]
+        .iter()
+        .flat_map(|m| [4096u64, 256 << 10, 16 << 20].map(|s| (m.to_string(), s)))
+        .collect();
+    want.sort();
+    seen.sort();
+    assert_eq!(seen, want, "{d}");
+    let o = &d["offload"];
+    assert!(o["offloaded_objects"].as_u64().unwrap_or(0) > 0, "{o}");
+    for f in ["offload_gbps", "ceiling_gbps", "ratio", "seconds"] {
+        assert!(o[f].as_f64().unwrap_or(0.0) > 0.0, "{f}: {o}");
+    }
+    assert!(o["pool_use_max"].as_f64().unwrap_or(0.0) >= 0.8, "{o}");
+
+    // One wrong byte expected: every disk read is an error, and the run fails.
+    let (st, report) = bench_row(&dir, "disk/local/4KiB", true);
+    assert!(!st.success(), "a wrong byte must fail the bench: {report}");
+    let rows = report["disk"]["results"].as_array().expect("disk rows");
+    assert_eq!(rows.len(), 1, "{report}");
+    assert!(rows[0]["errors"].as_u64().unwrap_or(0) > 0, "{report}");
+    assert!(report["disk"].get("offload").is_none(), "{report}");
+
+    // Every key the bench put is removed again.
+    let mut c = regolith(&dir);
+    c.args(["ls", "bench/"]);
+    assert_eq!(ok(&run(c, None)).trim(), "", "keys left behind");
     let st = up.terminate_and_wait(Duration::from_secs(30));
     assert!(st.success(), "regolith up exited with {st}");
 }
