@@ -571,9 +571,10 @@ fn bench_verifies_every_byte_and_reports_a_wrong_one() {
 /// only on a disk, through the node that owns it (local) and through the other (remote), at
 /// 4 KiB, 256 KiB and 16 MiB — beside the disks' ceilings measured in the same run, every byte
 /// verified and read from the disk; the offload row under eviction pressure; a wrong byte
-/// fails a disk row as it fails a memory row; nothing the bench put is left.
+/// fails a disk row as it fails a memory row. `bench --hit-ratio` runs its trace against the
+/// same cluster and reports against the ideal LRU. Nothing the bench put is left.
 #[test]
-fn bench_disk_rows_read_disk_only_objects_beside_the_disk_ceilings() {
+fn bench_disk_rows_and_hit_ratio_against_a_cluster_with_disks() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("cluster");
     let mut up = Up::start_with(&dir, free_base_port(), &["--disk-size", "256MiB"]);
@@ -636,6 +637,45 @@ fn bench_disk_rows_read_disk_only_objects_beside_the_disk_ceilings() {
     assert_eq!(rows.len(), 1, "{report}");
     assert!(rows[0]["errors"].as_u64().unwrap_or(0) > 0, "{report}");
     assert!(report["disk"].get("offload").is_none(), "{report}");
+
+    // The hit-ratio mode: 4 x the 128 MiB of memory in 1 MiB objects, a short trace.
+    let mut c = regolith(&dir);
+    c.args([
+        "bench",
+        "--hit-ratio",
+        "--json",
+        "--accesses",
+        "600",
+        "--depth",
+        "4",
+    ]);
+    let out = run(c, None);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let h = &doc["hit_ratio"];
+    let n = |f: &str| h[f].as_u64().unwrap_or(u64::MAX);
+    assert_eq!(n("dram_bytes"), 128 << 20, "{h}");
+    assert_eq!(n("disk_bytes"), 512 << 20, "{h}");
+    assert_eq!((n("objects"), n("accesses")), (512, 600), "{h}");
+    assert_eq!(n("errors"), 0, "{h}");
+    assert_eq!(n("hits") + n("misses"), 600, "{h}");
+    // A key's first access cannot hit: at least one miss per distinct object.
+    assert!(n("distinct") <= 512 && n("misses") >= n("distinct"), "{h}");
+    assert!(n("hits") > 0, "a skewed trace repeats objects: {h}");
+    // The working set is 4 x memory: some hits were served by the disks.
+    assert!(n("disk_reads") > 0, "{h}");
+    let f = |k: &str| h[k].as_f64().unwrap_or(-1.0);
+    assert!((0.0..=1.0).contains(&f("hit_ratio")), "{h}");
+    assert!(
+        f("ideal_hit_ratio") > 0.0 && f("ideal_hit_ratio") <= 1.0,
+        "{h}"
+    );
+    assert!(f("ideal_dram_hit_ratio") <= f("ideal_hit_ratio"), "{h}");
+    assert!(
+        (f("ratio") - f("hit_ratio") / f("ideal_hit_ratio")).abs() < 1e-9,
+        "{h}"
+    );
 
     // Every key the bench put is removed again.
     let mut c = regolith(&dir);

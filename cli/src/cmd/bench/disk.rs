@@ -423,7 +423,7 @@ async fn remove_keys(client: &AsyncClient, keys: &[String]) {
 }
 
 /// A counter or gauge of a sidecar's `/metrics` (0 when absent or unreadable).
-fn sidecar_metric(addr: SocketAddr, series: &str) -> f64 {
+pub(super) fn sidecar_metric(addr: SocketAddr, series: &str) -> f64 {
     crate::http::get_text(addr, "/metrics", crate::tiers::STATUS_TIMEOUT)
         .and_then(|text| metric_value(&text, series))
         .unwrap_or(0.0)
@@ -440,7 +440,7 @@ fn metric_value(text: &str, series: &str) -> Option<f64> {
     })
 }
 
-fn disk_series(name: &str, d: &NodeDisk) -> String {
+pub(super) fn disk_series(name: &str, d: &NodeDisk) -> String {
     format!("{name}{{disk=\"{}\"}}", d.path.display())
 }
 

@@ -17,6 +17,7 @@
 
 pub mod disk;
 pub mod disk_ceiling;
+pub mod hit_ratio;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -816,6 +817,9 @@ pub fn run(ctx: &Ctx, a: &BenchArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    if a.hit_ratio {
+        return run_hit_ratio(ctx, a, &rt);
+    }
     let socket = ctx.socket();
     eprintln!("measuring the machine's ceilings...");
     let memcpy = memcpy_ceiling();
@@ -936,6 +940,70 @@ pub fn run(ctx: &Ctx, a: &BenchArgs) -> Result<()> {
     if errors > 0 {
         return Err(Error::Failed(format!(
             "{errors} errors in the benchmark (see the table)"
+        )));
+    }
+    Ok(())
+}
+
+/// `--hit-ratio`: the trace against the cluster, beside the ideal LRU (no ceilings: a ratio of
+/// hit ratios).
+fn run_hit_ratio(ctx: &Ctx, a: &BenchArgs, rt: &tokio::runtime::Runtime) -> Result<()> {
+    let finite_above = |x: f64, min: f64| x.is_finite() && x >= min;
+    if !finite_above(a.working_set, f64::MIN_POSITIVE) || !finite_above(a.zipf, 0.0) {
+        return Err(Error::usage(
+            "--working-set must be above 0 and --zipf at least 0",
+        ));
+    }
+    let addrs = crate::tiers::status_addrs(ctx, &a.sidecar_metrics)?;
+    let statuses = crate::tiers::fetch_statuses(&addrs);
+    let disk_bytes: u64 = statuses
+        .iter()
+        .filter_map(|(_, s)| s.as_ref().ok())
+        .flat_map(|s| s.disks.iter().filter(|d| d.healthy))
+        .map(|d| d.capacity_bytes)
+        .sum();
+    let disks = disk::node_disks(&statuses);
+    let disk_reads = || -> u64 {
+        disks
+            .iter()
+            .map(|d| {
+                disk::sidecar_metric(
+                    d.status,
+                    &disk::disk_series("regolith_sidecar_disk_reads", d),
+                ) as u64
+            })
+            .sum()
+    };
+    let params = hit_ratio::Params {
+        working_set: a.working_set,
+        object_size: a.object_size,
+        accesses: a.accesses,
+        zipf: a.zipf,
+        seed: a.seed,
+        depth: a.depth.max(1) as usize,
+    };
+    let report = rt.block_on(async {
+        let mut cfg = ClientConfig::new(ctx.socket());
+        cfg.name = "bench-hit-ratio".into();
+        let client = AsyncClient::connect(cfg).await?;
+        hit_ratio::run(&client, &params, disk_bytes, disk_reads).await
+    })?;
+    hit_ratio::print(&report);
+    if a.json {
+        #[derive(Serialize)]
+        struct Doc<'a> {
+            hit_ratio: &'a hit_ratio::HitRatioReport,
+        }
+        let doc = Doc { hit_ratio: &report };
+        println!(
+            "{}",
+            serde_json::to_string(&doc).map_err(|e| Error::Failed(e.to_string()))?
+        );
+    }
+    if report.errors > 0 {
+        return Err(Error::Failed(format!(
+            "{} reads failed or returned wrong bytes",
+            report.errors
         )));
     }
     Ok(())
