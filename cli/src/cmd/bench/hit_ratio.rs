@@ -46,8 +46,13 @@ pub struct HitRatioReport {
     pub distinct: u64,
     pub hits: u64,
     pub misses: u64,
-    /// Reads that failed otherwise, or returned other bytes than the object's.
+    /// Reads that failed otherwise, or returned other bytes than the object's (`failed` +
+    /// `wrong`).
     pub errors: u64,
+    pub failed: u64,
+    pub wrong: u64,
+    /// What the first failed read said (null when none failed).
+    pub first_error: Option<String>,
     /// Puts after a miss that failed (the next access misses again).
     pub put_errors: u64,
     pub hit_ratio: f64,
@@ -128,7 +133,8 @@ fn value(run: u64, seed: u64, i: u64, size: u64) -> Vec<u8> {
 enum Got {
     Hit,
     Miss,
-    Failed,
+    Wrong,
+    Failed(String),
 }
 
 /// Runs the trace against the cluster; `disk_bytes` is the disks' capacity, `disk_reads` reads
@@ -158,7 +164,9 @@ pub async fn run(
     }
     let cfg = ReplicateConfig::default();
     let reads0 = disk_reads();
-    let (mut hits, mut misses, mut errors, mut put_errors) = (0u64, 0u64, 0u64, 0u64);
+    let (mut hits, mut misses, mut wrong, mut failed, mut put_errors) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut first_error = None;
     let mut scratch = vec![0u8; p.object_size as usize];
     let start = Instant::now();
     let mut last_note = start;
@@ -184,11 +192,11 @@ pub async fn run(
                     if right {
                         Got::Hit
                     } else {
-                        Got::Failed
+                        Got::Wrong
                     }
                 }
                 Err(e) if e.is_miss() => Got::Miss,
-                Err(_) => Got::Failed,
+                Err(e) => Got::Failed(e.to_string()),
             };
             match outcome {
                 Got::Hit => hits += 1,
@@ -196,7 +204,11 @@ pub async fn run(
                     misses += 1;
                     to_put.push(*i);
                 }
-                Got::Failed => errors += 1,
+                Got::Wrong => wrong += 1,
+                Got::Failed(e) => {
+                    failed += 1;
+                    first_error.get_or_insert(e);
+                }
             }
         }
         to_put.sort_unstable();
@@ -246,7 +258,10 @@ pub async fn run(
         distinct,
         hits,
         misses,
-        errors,
+        errors: failed + wrong,
+        failed,
+        wrong,
+        first_error,
         put_errors,
         hit_ratio,
         ideal_hit_ratio: ideal,
@@ -271,7 +286,7 @@ pub fn print(r: &HitRatioReport) {
         r.distinct
     );
     eprintln!(
-        "  measured {:.4} ({} hits, {} misses, {} disk reads), ideal LRU over memory + disks {:.4} (memory alone {:.4}): {:.3} of the ideal; {} errors, {} failed puts, {:.1} s",
+        "  measured {:.4} ({} hits, {} misses, {} disk reads), ideal LRU over memory + disks {:.4} (memory alone {:.4}): {:.3} of the ideal; {} failed reads, {} wrong, {} failed puts, {:.1} s",
         r.hit_ratio,
         r.hits,
         r.misses,
@@ -279,10 +294,14 @@ pub fn print(r: &HitRatioReport) {
         r.ideal_hit_ratio,
         r.ideal_dram_hit_ratio,
         r.ratio,
-        r.errors,
+        r.failed,
+        r.wrong,
         r.put_errors,
         r.seconds
     );
+    if let Some(e) = &r.first_error {
+        eprintln!("  first failed read: {e}");
+    }
 }
 
 #[cfg(test)]

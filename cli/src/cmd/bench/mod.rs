@@ -1002,8 +1002,8 @@ fn run_hit_ratio(ctx: &Ctx, a: &BenchArgs, rt: &tokio::runtime::Runtime) -> Resu
     }
     if report.errors > 0 {
         return Err(Error::Failed(format!(
-            "{} reads failed or returned wrong bytes",
-            report.errors
+            "{} reads failed and {} returned wrong bytes",
+            report.failed, report.wrong
         )));
     }
     Ok(())
