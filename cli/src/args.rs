@@ -159,6 +159,45 @@ pub struct BenchArgs {
     /// Print one JSON object on stdout (the table and progress go to stderr)
     #[arg(long)]
     pub json: bool,
+    /// A sidecar's --metrics-addr, read for its disks (the disk-tier rows); repeatable
+    /// [default: the sidecars of the `regolith up` cluster in --dir]
+    #[arg(long = "sidecar-metrics", value_name = "HOST:PORT")]
+    pub sidecar_metrics: Vec<String>,
+    /// Instead of the matrix: the hit ratio of an LMCache-like trace (each object put once on
+    /// its first miss, read many times, Zipf-skewed) beside an ideal LRU over the pool's memory
+    /// and disks on the same trace
+    #[arg(long, help_heading = "Hit-ratio mode")]
+    pub hit_ratio: bool,
+    /// The working set, as a multiple of the pool's memory
+    #[arg(
+        long,
+        value_name = "FACTOR",
+        default_value_t = 4.0,
+        help_heading = "Hit-ratio mode"
+    )]
+    pub working_set: f64,
+    /// Size of each object of the working set
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = size, help_heading = "Hit-ratio mode")]
+    pub object_size: u64,
+    /// Accesses in the trace [default: 4 per object of the working set]
+    #[arg(long, value_name = "N", help_heading = "Hit-ratio mode")]
+    pub accesses: Option<u64>,
+    /// Exponent of the Zipf law the accesses follow
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = 0.99,
+        help_heading = "Hit-ratio mode"
+    )]
+    pub zipf: f64,
+    /// Seed of the trace (the same seed, the same trace)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        help_heading = "Hit-ratio mode"
+    )]
+    pub seed: u64,
     /// Test of the bench itself: expect one wrong byte in every value read, so every get
     /// should be reported as an error
     #[arg(long, hide = true)]
@@ -246,6 +285,10 @@ pub struct StatusArgs {
     /// Print JSON instead of tables
     #[arg(long)]
     pub json: bool,
+    /// A sidecar's --metrics-addr, read for its disks (`GET /status`); repeatable [default:
+    /// the sidecars of the `regolith up` cluster in --dir]
+    #[arg(long = "sidecar-metrics", value_name = "HOST:PORT")]
+    pub sidecar_metrics: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -139,6 +139,36 @@ impl Ctx {
         let tls = self.tls(&addrs)?;
         Metad::connect(addrs, token, tls, self.global.timeout)
     }
+
+    /// The same client, for a caller that runs its own runtime (`bench`); made inside it.
+    pub fn metad_async(&self) -> Result<MetadClient> {
+        let addrs = self.metad_addrs()?;
+        let token = self.token(&addrs)?;
+        let tls = self.tls(&addrs)?;
+        Ok(MetadClient::new(metad_config(
+            addrs,
+            token,
+            tls,
+            self.global.timeout,
+        ))?)
+    }
+}
+
+fn metad_config(
+    addrs: Vec<String>,
+    token: Option<String>,
+    tls: Option<Tls>,
+    retry: std::time::Duration,
+) -> MetadConfig {
+    let mut cfg = MetadConfig::new(addrs);
+    cfg.token = token;
+    cfg.tls = tls;
+    cfg.retry_deadline = retry;
+    cfg.request_timeout = retry.clamp(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(5),
+    );
+    cfg
 }
 
 fn read_token(path: &Path) -> Result<String> {
@@ -161,15 +191,7 @@ impl Metad {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let mut cfg = MetadConfig::new(addrs);
-        cfg.token = token;
-        cfg.tls = tls;
-        cfg.retry_deadline = retry;
-        cfg.request_timeout = retry.clamp(
-            std::time::Duration::from_millis(100),
-            std::time::Duration::from_secs(5),
-        );
-        let client = MetadClient::new(cfg)?;
+        let client = MetadClient::new(metad_config(addrs, token, tls, retry))?;
         Ok(Self { rt, client })
     }
 

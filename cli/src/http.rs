@@ -1,5 +1,6 @@
 //! A minimal HTTP/1.1 GET over a plain socket: `regolith up` polls metad's `/status` with it
-//! while the cluster starts (no HTTP client dependency for one request).
+//! while the cluster starts, `status` and `bench` read the sidecars' `/status` and `/metrics`
+//! (no HTTP client dependency for one request).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -7,6 +8,11 @@ use std::time::Duration;
 
 /// The JSON body of `GET path` at `addr` when it answers 200, else None.
 pub fn get_json(addr: SocketAddr, path: &str, timeout: Duration) -> Option<serde_json::Value> {
+    serde_json::from_str(&get_text(addr, path, timeout)?).ok()
+}
+
+/// The body of `GET path` at `addr` when it answers 200, else None.
+pub fn get_text(addr: SocketAddr, path: &str, timeout: Duration) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
     s.set_read_timeout(Some(timeout)).ok()?;
     s.set_write_timeout(Some(timeout)).ok()?;
@@ -23,5 +29,5 @@ pub fn get_json(addr: SocketAddr, path: &str, timeout: Duration) -> Option<serde
     if code != 200 {
         return None;
     }
-    serde_json::from_str(body).ok()
+    Some(body.to_string())
 }

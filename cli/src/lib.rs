@@ -12,6 +12,7 @@
 //! * [`procs`] — `up`'s child processes: spawn, signal, stop.
 //! * [`http`] — a one-request HTTP GET (metad's `/status` during start-up).
 //! * [`format`] — byte sizes, durations, tables.
+//! * [`tiers`] — memory and disks per node (metad's segments, the sidecars' `/status`).
 //! * [`error`] — the crate's error enum and the exit code of each error.
 //!
 //! put/get/rm go through a sidecar (its socket), like every client; status/ls/members/segments
@@ -30,6 +31,7 @@ pub mod format;
 pub mod http;
 pub mod layout;
 pub mod procs;
+pub mod tiers;
 
 use std::ffi::OsString;
 use std::io::IsTerminal;

@@ -541,6 +541,10 @@ fn bench_verifies_every_byte_and_reports_a_wrong_one() {
         assert!(r["ops_per_s"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
         assert!(r["p50_us"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
         assert_eq!(report["data_plane_tls"], false, "{report}");
+        assert!(
+            report.get("disk").is_none(),
+            "no disks, no disk rows: {report}"
+        );
         for c in ["memcpy_gbps", "tcp_gbps", "tcp_rtt_us", "tls_gbps"] {
             assert!(
                 report["ceilings"][c].as_f64().unwrap_or(0.0) > 0.0,
@@ -559,6 +563,124 @@ fn bench_verifies_every_byte_and_reports_a_wrong_one() {
             "{filter}: a wrong byte must be counted: {r}"
         );
     }
+    let st = up.terminate_and_wait(Duration::from_secs(30));
+    assert!(st.success(), "regolith up exited with {st}");
+}
+
+/// `regolith bench` against `regolith up --disk-size`: disk-tier rows — get_into of objects
+/// only on a disk, through the node that owns it (local) and through the other (remote), at
+/// 4 KiB, 256 KiB and 16 MiB — beside the disks' ceilings measured in the same run, every byte
+/// verified and read from the disk; the offload row under eviction pressure; a wrong byte
+/// fails a disk row as it fails a memory row. `bench --hit-ratio` runs its trace against the
+/// same cluster and reports against the ideal LRU. Nothing the bench put is left.
+#[test]
+fn bench_disk_rows_and_hit_ratio_against_a_cluster_with_disks() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("cluster");
+    let mut up = Up::start_with(&dir, free_base_port(), &["--disk-size", "256MiB"]);
+    let dir = dir.canonicalize().expect("dir");
+
+    let (st, report) = bench_row(&dir, "disk", false);
+    assert!(st.success(), "bench failed: {report}");
+    assert_eq!(
+        report["results"].as_array().map(Vec::len),
+        Some(0),
+        "`disk` keeps no memory row: {report}"
+    );
+    let d = &report["disk"];
+    let ceilings = d["ceilings"].as_array().expect("disk ceilings");
+    assert_eq!(ceilings.len(), 2, "{d}");
+    for (i, c) in ceilings.iter().enumerate() {
+        assert_eq!(c["node"], format!("node-{i}"), "{c}");
+        assert_eq!(c["direct_io"], true, "{c}");
+        assert!(c["bytes"].as_u64().unwrap_or(0) >= 64 << 20, "{c}");
+        for f in ["write_gbps", "read_gbps"] {
+            assert!(c[f].as_f64().unwrap_or(0.0) > 0.0, "{f}: {c}");
+        }
+    }
+    let rows = d["results"].as_array().expect("disk rows");
+    let mut seen = Vec::new();
+    for r in rows {
+        let (mode, size) = (
+            r["mode"].as_str().unwrap_or(""),
+            r["size"].as_u64().unwrap_or(0),
+        );
+        seen.push((mode.to_string(), size));
+        assert_eq!(r["op"], "get_into", "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        let owner = if mode == "local" { "node-0" } else { "node-1" };
+        assert_eq!(r["owner"], owner, "{r}");
+        for f in ["ops_per_s", "gbps", "ratio", "ceiling_gbps", "p50_us"] {
+            assert!(r[f].as_f64().unwrap_or(0.0) > 0.0, "{f}: {r}");
+        }
+        // The bytes came from the owner's disk: at least one object's worth per row.
+        assert!(r["disk_read_bytes"].as_u64().unwrap_or(0) >= size, "{r}");
+    }
+    let mut want: Vec<(String, u64)> = ["local", "remote"]
+        .iter()
+        .flat_map(|m| [4096u64, 256 << 10, 16 << 20].map(|s| (m.to_string(), s)))
+        .collect();
+    want.sort();
+    seen.sort();
+    assert_eq!(seen, want, "{d}");
+    let o = &d["offload"];
+    assert!(o["offloaded_objects"].as_u64().unwrap_or(0) > 0, "{o}");
+    for f in ["offload_gbps", "ceiling_gbps", "ratio", "seconds"] {
+        assert!(o[f].as_f64().unwrap_or(0.0) > 0.0, "{f}: {o}");
+    }
+    assert!(o["pool_use_max"].as_f64().unwrap_or(0.0) >= 0.8, "{o}");
+
+    // One wrong byte expected: every disk read is an error, and the run fails.
+    let (st, report) = bench_row(&dir, "disk/local/4KiB", true);
+    assert!(!st.success(), "a wrong byte must fail the bench: {report}");
+    let rows = report["disk"]["results"].as_array().expect("disk rows");
+    assert_eq!(rows.len(), 1, "{report}");
+    assert!(rows[0]["errors"].as_u64().unwrap_or(0) > 0, "{report}");
+    assert!(report["disk"].get("offload").is_none(), "{report}");
+
+    // The hit-ratio mode: 4 x the 128 MiB of memory in 1 MiB objects, a short trace.
+    let mut c = regolith(&dir);
+    c.args([
+        "bench",
+        "--hit-ratio",
+        "--json",
+        "--accesses",
+        "600",
+        "--depth",
+        "4",
+    ]);
+    let out = run(c, None);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let h = &doc["hit_ratio"];
+    let n = |f: &str| h[f].as_u64().unwrap_or(u64::MAX);
+    assert_eq!(n("dram_bytes"), 128 << 20, "{h}");
+    assert_eq!(n("disk_bytes"), 512 << 20, "{h}");
+    assert_eq!((n("objects"), n("accesses")), (512, 600), "{h}");
+    assert_eq!(n("errors"), 0, "{h}");
+    assert_eq!(n("hits") + n("misses"), 600, "{h}");
+    // A key's first access cannot hit: at least one miss per distinct object.
+    assert!(n("distinct") <= 512 && n("misses") >= n("distinct"), "{h}");
+    assert!(n("hits") > 0, "a skewed trace repeats objects: {h}");
+    // The working set is 4 x memory: some hits were served by the disks.
+    assert!(n("disk_reads") > 0, "{h}");
+    let f = |k: &str| h[k].as_f64().unwrap_or(-1.0);
+    assert!((0.0..=1.0).contains(&f("hit_ratio")), "{h}");
+    assert!(
+        f("ideal_hit_ratio") > 0.0 && f("ideal_hit_ratio") <= 1.0,
+        "{h}"
+    );
+    assert!(f("ideal_dram_hit_ratio") <= f("ideal_hit_ratio"), "{h}");
+    assert!(
+        (f("ratio") - f("hit_ratio") / f("ideal_hit_ratio")).abs() < 1e-9,
+        "{h}"
+    );
+
+    // Every key the bench put is removed again.
+    let mut c = regolith(&dir);
+    c.args(["ls", "bench/"]);
+    assert_eq!(ok(&run(c, None)).trim(), "", "keys left behind");
     let st = up.terminate_and_wait(Duration::from_secs(30));
     assert!(st.success(), "regolith up exited with {st}");
 }
@@ -628,9 +750,10 @@ fn up_tls_runs_every_daemon_over_mutual_tls() {
 }
 
 /// `regolith up --disk-size SIZE`: each sidecar has a disk tier of SIZE under its state
-/// directory, reported healthy in its `/status`.
+/// directory, reported healthy in its `/status`; `regolith status` shows each node's memory
+/// and disk, and the objects offloaded to the disks once the pool fills.
 #[test]
-fn up_disk_size_gives_each_sidecar_a_disk_under_its_state_directory() {
+fn up_disk_size_gives_each_sidecar_a_disk_and_status_shows_the_tiers() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("cluster");
     let base = free_base_port();
@@ -650,6 +773,81 @@ fn up_disk_size_gives_each_sidecar_a_disk_under_its_state_directory() {
         assert_eq!(d["path"].as_str(), disk.to_str(), "{st}");
         assert_eq!(d["healthy"], true, "{d}");
         assert_eq!(d["capacity_bytes"], 64u64 << 20, "{d}");
+    }
+
+    // Above the offload watermark (0.8 of the 128 MiB pool) the leader moves the least
+    // recently used objects to the disks: status counts them there.
+    let tiers = |up_dir: &Path| -> serde_json::Value {
+        let mut c = regolith(up_dir);
+        c.args(["status", "--json"]);
+        let st: serde_json::Value = serde_json::from_str(&ok(&run(c, None))).expect("JSON");
+        st["tiers"].clone()
+    };
+    let t = tiers(&dir);
+    let nodes = t.as_array().expect("tiers array");
+    assert_eq!(nodes.len(), 2, "{t}");
+    for (i, n) in nodes.iter().enumerate() {
+        assert_eq!(n["node_name"], format!("node-{i}"), "{t}");
+        assert_eq!(n["memory"]["total"], 64u64 << 20, "{n}");
+        assert_eq!(n["error"], serde_json::Value::Null, "{n}");
+        let d = &n["disks"][0];
+        let path = dir.join(format!("node-{i}")).join("disk");
+        assert_eq!(d["path"].as_str(), path.to_str(), "{n}");
+        assert_eq!(d["healthy"], true, "{n}");
+        assert_eq!(d["capacity_bytes"], 64u64 << 20, "{n}");
+        assert_eq!(d["objects"], 0, "nothing offloaded yet: {n}");
+    }
+    // 4 MiB objects: a 64 MiB disk has buckets of 8 MiB, and a record is at most a bucket.
+    let input = tmp.path().join("chunk.bin");
+    std::fs::write(&input, value(4 << 20)).unwrap();
+    for k in 0..28 {
+        let mut c = regolith(&dir);
+        c.args(["put", &format!("chunk/{k}")]).arg(&input);
+        ok(&run(c, None));
+    }
+    let disk_objects = |t: &serde_json::Value| -> u64 {
+        t.as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|n| n["disks"].as_array().cloned().unwrap_or_default())
+            .map(|d| d["objects"].as_u64().unwrap_or(0))
+            .sum()
+    };
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut t = tiers(&dir);
+    while disk_objects(&t) == 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(200));
+        t = tiers(&dir);
+    }
+    assert!(disk_objects(&t) > 0, "no object offloaded: {t}");
+    let used: u64 = t
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| n["disks"][0]["used_bytes"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(used >= disk_objects(&t) * (4 << 20), "{t}");
+    // The table: a memory row and a disk row per node.
+    let mut c = regolith(&dir);
+    c.arg("status");
+    let table = ok(&run(c, None));
+    for i in 0..2 {
+        let disk = dir.join(format!("node-{i}")).join("disk");
+        let row = table
+            .lines()
+            .find(|l| l.contains(disk.to_str().unwrap()))
+            .unwrap_or_else(|| panic!("no row for {}:\n{table}", disk.display()));
+        assert!(
+            row.starts_with(&format!("node-{i}")) && row.contains("disk 0"),
+            "{row}"
+        );
+        assert!(row.contains("healthy") && row.contains("64.0 MiB"), "{row}");
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(&format!("node-{i}")) && l.contains("memory")),
+            "{table}"
+        );
     }
     assert!(up.terminate_and_wait(Duration::from_secs(60)).success());
 }

@@ -1,7 +1,8 @@
 //! The disk tier on a real sidecar (docs/ssd.md): `--disk` directories are opened and
 //! reported in `/status` and the metrics, and each disk fails alone (one that cannot be
 //! opened, one whose directory disappears, one whose file system turns read-only) while the
-//! node keeps serving its memory.
+//! node keeps serving its memory; objects offloaded to a disk are read locally and remotely
+//! and survive a `kill -9`; the warm-restart bench (`disk-restart-bench`) runs and reports.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -260,4 +261,56 @@ fn objects_offloaded_to_disk_are_read_locally_and_remotely_and_survive_a_restart
         },
     );
     assert_eq!(wrong, 0, "wrong bytes after the restart");
+}
+
+/// `disk-restart-bench` (the warm-restart measurement, docs/benchmarks.md) runs on real
+/// processes and reports what it measured consistently: the objects on disk at the kill are
+/// each read back once after the restart (readable, missing or wrong, never a wrong byte), and
+/// the times are in order (socket, first read, serving).
+#[test]
+fn the_restart_bench_kills_and_restarts_a_node_and_reads_its_disk_back() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_disk-restart-bench"))
+        .args([
+            "--objects",
+            "3000",
+            "--segment-size",
+            "8MiB",
+            "--disk-size",
+            "256MiB",
+        ])
+        .arg("--json")
+        .output()
+        .expect("run disk-restart-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let r: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let n = |f: &str| r[f].as_u64().unwrap_or(u64::MAX);
+    let t = |f: &str| r[f].as_f64().unwrap_or(-1.0);
+    assert!(n("on_disk") >= 3000, "{r}");
+    assert_eq!(
+        n("on_disk") + n("in_memory") + n("gone"),
+        n("objects"),
+        "{r}"
+    );
+    assert_eq!(
+        n("readable") + n("missing") + n("wrong"),
+        n("on_disk"),
+        "{r}"
+    );
+    assert_eq!(n("wrong"), 0, "{r}");
+    assert!(n("readable") > 0, "{r}");
+    assert!(
+        (t("readable_fraction") - n("readable") as f64 / n("on_disk") as f64).abs() < 1e-9,
+        "{r}"
+    );
+    assert!(t("socket_s") > 0.0, "{r}");
+    assert!(
+        t("socket_s") <= t("first_read_s") && t("first_read_s") <= t("serving_s"),
+        "{r}"
+    );
+    assert!(
+        r["scan_ms"].is_u64() && r["reconcile_ms"].is_u64(),
+        "node-a's log names both: {r}"
+    );
 }

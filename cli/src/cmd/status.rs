@@ -1,5 +1,6 @@
 //! `regolith status [--json]`: leader, members, segments (usage, liveness), keys and bytes,
-//! from the metad leader.
+//! from the metad leader; and tiers per node: memory and each disk (path, health, use,
+//! objects) from the sidecars' `/status` ([`crate::tiers`]).
 
 use regolith_proto::client::MetadClient;
 use regolith_proto::metad::{Member, SegmentInfo, SegmentState, StatsResponse};
@@ -9,6 +10,7 @@ use crate::args::StatusArgs;
 use crate::ctx::Ctx;
 use crate::error::Result;
 use crate::format::{self, Table};
+use crate::tiers::{self, NodeTiers};
 
 /// What `status` shows (and prints as JSON with `--json`).
 #[derive(Debug, Clone, Serialize)]
@@ -24,6 +26,9 @@ pub struct Snapshot {
     pub evicted_objects: u64,
     pub dead_node_dropped_objects: u64,
     pub segments: Vec<SegmentView>,
+    /// Per node: memory (metad's segment) and disks (the sidecar's `/status`); nodes whose
+    /// sidecar status address is not known have `error` set and no disks.
+    pub tiers: Vec<NodeTiers>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -52,7 +57,9 @@ pub struct SegmentView {
 
 pub fn run(ctx: &Ctx, args: &StatusArgs) -> Result<()> {
     let metad = ctx.metad_client()?;
-    let snap = metad.block_on(fetch(metad.client()))?;
+    let mut snap = metad.block_on(fetch(metad.client()))?;
+    let addrs = tiers::status_addrs(ctx, &args.sidecar_metrics)?;
+    add_tiers(&mut snap, &addrs);
     if args.json {
         let text = serde_json::to_string_pretty(&snap)
             .map_err(|e| crate::error::Error::Failed(format!("cannot encode JSON: {e}")))?;
@@ -68,6 +75,17 @@ pub async fn fetch(metad: &MetadClient) -> Result<Snapshot> {
     let stats = metad.stats().await?;
     let segments = metad.list_segments().await?;
     Ok(snapshot(stats, segments))
+}
+
+/// Reads the sidecars' `/status` at `addrs` and joins their disks with the segments.
+pub fn add_tiers(snap: &mut Snapshot, addrs: &[std::net::SocketAddr]) {
+    let statuses = tiers::fetch_statuses(addrs);
+    let segments: Vec<(String, u64, u64)> = snap
+        .segments
+        .iter()
+        .map(|s| (s.node_name.clone(), s.used, s.capacity))
+        .collect();
+    snap.tiers = tiers::join(&segments, &statuses);
 }
 
 /// The members as `status` and `members list` show them, with the leader's role named.
@@ -109,6 +127,7 @@ fn snapshot(stats: StatsResponse, segments: Vec<SegmentInfo>) -> Snapshot {
         evicted_objects: stats.evicted_objects,
         dead_node_dropped_objects: stats.dead_node_dropped_objects,
         segments,
+        tiers: Vec::new(),
     }
 }
 
@@ -149,7 +168,51 @@ pub fn render(s: &Snapshot) -> String {
     out.push_str(&members_table(&s.members).render());
     out.push('\n');
     out.push_str(&segments_table(&s.segments).render());
+    if s.tiers.iter().any(|n| !n.disks.is_empty()) {
+        out.push('\n');
+        out.push_str(&tiers_table(&s.tiers).render());
+    }
     out
+}
+
+/// One row per node's memory and one per disk (shown once some node has disks).
+pub fn tiers_table(nodes: &[NodeTiers]) -> Table {
+    let mut t = Table::new([
+        "NODE", "TIER", "PATH", "STATE", "USED", "CAPACITY", "USE", "OBJECTS",
+    ]);
+    for n in nodes {
+        t.row([
+            n.node_name.clone(),
+            "memory".into(),
+            "-".into(),
+            "-".into(),
+            format::bytes(n.memory.used),
+            format::bytes(n.memory.total),
+            format::percent(n.memory.used, n.memory.total),
+            "-".into(),
+        ]);
+        for d in &n.disks {
+            let state = match (&d.failure, d.healthy) {
+                (_, true) => "healthy".to_string(),
+                (Some(why), false) => format!("FAILED: {why}"),
+                (None, false) => "FAILED".to_string(),
+            };
+            t.row([
+                n.node_name.clone(),
+                format!("disk {}", d.index),
+                d.path.clone(),
+                state,
+                format::bytes(d.used_bytes),
+                format::bytes(d.capacity_bytes),
+                format::percent(d.used_bytes, d.capacity_bytes),
+                d.objects.to_string(),
+            ]);
+        }
+        if let Some(e) = &n.error {
+            t.row([n.node_name.clone(), "disks".into(), format!("unknown: {e}")]);
+        }
+    }
+    t
 }
 
 pub fn members_table(members: &[MemberView]) -> Table {
@@ -236,8 +299,61 @@ mod tests {
         );
         assert!(text.contains("draining"), "{text}");
         assert!(text.contains("25.0%"), "{text}");
+        assert!(
+            !text.contains("TIER"),
+            "no tiers table without disks: {text}"
+        );
         let json: serde_json::Value = serde_json::to_value(&s).unwrap();
         assert_eq!(json["segments"][0]["alive"], true);
         assert_eq!(json["members"].as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn tiers_show_memory_and_each_disk_of_a_node() {
+        let mut s = snapshot(StatsResponse::default(), vec![]);
+        s.tiers = vec![NodeTiers {
+            node_name: "node-0".into(),
+            status_addr: Some("127.0.0.1:9300".into()),
+            error: None,
+            memory: tiers::MemoryTier {
+                used: 1 << 20,
+                total: 4 << 20,
+            },
+            disks: vec![
+                tiers::DiskView {
+                    index: 0,
+                    path: "/d0".into(),
+                    healthy: true,
+                    capacity_bytes: 8 << 20,
+                    used_bytes: 2 << 20,
+                    objects: 5,
+                    ..Default::default()
+                },
+                tiers::DiskView {
+                    index: 1,
+                    path: "/d1".into(),
+                    failure: Some("read-only".into()),
+                    ..Default::default()
+                },
+            ],
+        }];
+        let text = render(&s);
+        let line = |needle: &str| {
+            text.lines()
+                .find(|l| l.contains(needle))
+                .unwrap_or_else(|| panic!("no {needle:?} in {text}"))
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(line("memory"), "node-0 memory - - 1.0 MiB 4.0 MiB 25.0% -");
+        assert_eq!(
+            line("/d0"),
+            "node-0 disk 0 /d0 healthy 2.0 MiB 8.0 MiB 25.0% 5"
+        );
+        assert!(line("/d1").contains("FAILED: read-only"), "{text}");
+        let json: serde_json::Value = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["tiers"][0]["disks"][0]["objects"], 5);
+        assert_eq!(json["tiers"][0]["memory"]["total"], 4 << 20);
     }
 }

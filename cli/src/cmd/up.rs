@@ -643,9 +643,11 @@ impl Up {
         )?;
         let until = Instant::now() + Duration::from_secs(5);
         loop {
-            let snap = metad.block_on(status::fetch(metad.client()))?;
+            let mut snap = metad.block_on(status::fetch(metad.client()))?;
             let alive = snap.segments.iter().filter(|s| s.alive).count();
             if alive >= self.sidecars.len() || Instant::now() > until {
+                let addrs: Vec<_> = self.layout.sidecars.iter().map(|s| s.metrics).collect();
+                status::add_tiers(&mut snap, &addrs);
                 return Ok(status::render(&snap));
             }
             std::thread::sleep(POLL);

@@ -9,7 +9,15 @@
 //! mutual TLS with the data plane's rustls configuration) are measured in the same run; against
 //! a cluster whose data plane runs TLS (`regolith up --tls`), remote rows are compared with the
 //! TLS ceiling.
+//!
+//! When the cluster's sidecars have disks ([`disk`]), disk-tier rows follow: gets of objects
+//! only on a disk (local and remote) beside the disk's own sequential read ceiling, and the
+//! offload rate under eviction pressure beside its write ceiling, measured in the same run.
 //! With `--json` stdout carries one JSON object and nothing else.
+
+pub mod disk;
+pub mod disk_ceiling;
+pub mod hit_ratio;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -123,6 +131,10 @@ pub struct Report {
     /// `tls_gbps`).
     pub data_plane_tls: bool,
     pub results: Vec<Row>,
+    /// The disk-tier rows and ceilings: present when the cluster has disks (and the filter
+    /// keeps some of them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<disk::DiskReport>,
 }
 
 // ---------------------------------------------------------------------- ceilings
@@ -710,17 +722,26 @@ async fn run_cell(clients: &[AsyncClient], env: Arc<Env>, cell: Cell) -> Row {
         .enumerate()
         .map(|(i, c)| tokio::spawn(run_client(c, env.clone(), cell.clone(), i)))
         .collect();
+    let mut tallies = Vec::new();
+    for t in tasks {
+        tallies.push(t.await.ok().and_then(|r| r.ok()));
+    }
+    row_of(&cell, tallies)
+}
+
+/// A row from what each client measured (None: a client that failed, one error).
+fn row_of(cell: &Cell, tallies: Vec<Option<Tally>>) -> Row {
     let mut lat = Vec::new();
     let (mut items_per_s, mut errors) = (0.0, 0u64);
-    for t in tasks {
-        match t.await {
-            Ok(Ok(t)) => {
+    for t in tallies {
+        match t {
+            Some(t) => {
                 let timed = t.timed.max(Duration::from_micros(1));
                 items_per_s += t.items as f64 / timed.as_secs_f64();
                 errors += t.errors;
                 lat.extend(t.lat);
             }
-            _ => errors += 1,
+            None => errors += 1,
         }
     }
     lat.sort();
@@ -741,18 +762,47 @@ async fn run_cell(clients: &[AsyncClient], env: Arc<Env>, cell: Cell) -> Row {
     }
 }
 
-/// Whether a row passes `--filter` (`mode/size/op` with any part omitted, e.g. `remote/16MiB/get_into`;
-/// several, separated by commas, pass a row matching any).
+/// Whether a memory row passes `--filter` (`mode/size/op` with any part omitted, e.g.
+/// `remote/16MiB/get_into`; several, separated by commas, pass a row matching any). The part
+/// `memory` names the memory rows, `disk` the disk-tier rows.
 pub fn matches_filter(filter: Option<&str>, mode: Mode, size: u64, op: Op) -> bool {
-    let Some(f) = filter else { return true };
-    f.split(',').any(|one| {
-        one.split('/').all(|part| {
-            part.is_empty()
-                || part == mode.name()
-                || part == op.name()
-                || regolith_proto::units::parse_size(part).is_ok_and(|s| s == size)
-        })
+    matches_parts(filter, |part| {
+        part == "memory" || part == mode.name() || part == op.name() || is_size(part, size)
     })
+}
+
+/// Whether a disk-tier get row (`get_into` of a disk-only object) passes `--filter`.
+pub fn matches_disk_filter(filter: Option<&str>, mode: Mode, size: u64) -> bool {
+    matches_parts(filter, |part| {
+        part == "disk" || part == mode.name() || part == Op::GetInto.name() || is_size(part, size)
+    })
+}
+
+/// Whether the offload row passes `--filter` (named `disk` or `offload`).
+pub fn matches_offload_filter(filter: Option<&str>) -> bool {
+    matches_parts(filter, |part| part == "disk" || part == "offload")
+}
+
+fn is_size(part: &str, size: u64) -> bool {
+    regolith_proto::units::parse_size(part).is_ok_and(|s| s == size)
+}
+
+fn matches_parts(filter: Option<&str>, mut accepts: impl FnMut(&str) -> bool) -> bool {
+    let Some(f) = filter else { return true };
+    f.split(',')
+        .any(|one| one.split('/').all(|part| part.is_empty() || accepts(part)))
+}
+
+/// The disk rows the filter keeps.
+fn wanted_disk_rows(filter: Option<&str>) -> disk::Wanted {
+    disk::Wanted {
+        cells: [Mode::Local, Mode::Remote]
+            .into_iter()
+            .flat_map(|m| disk::DISK_SIZES.into_iter().map(move |s| (m, s)))
+            .filter(|(m, s)| matches_disk_filter(filter, *m, *s))
+            .collect(),
+        offload: matches_offload_filter(filter),
+    }
 }
 
 fn human(size: u64) -> String {
@@ -767,6 +817,9 @@ pub fn run(ctx: &Ctx, a: &BenchArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    if a.hit_ratio {
+        return run_hit_ratio(ctx, a, &rt);
+    }
     let socket = ctx.socket();
     eprintln!("measuring the machine's ceilings...");
     let memcpy = memcpy_ceiling();
@@ -774,6 +827,13 @@ pub fn run(ctx: &Ctx, a: &BenchArgs) -> Result<()> {
     let rtt = tcp_rtt()?;
     let tls = rt.block_on(tls_ceiling())?;
     eprintln!("  memcpy {memcpy:.2} GB/s, loopback TCP {tcp:.2} GB/s, TCP round trip {rtt:.1} us, loopback TLS {tls:.2} GB/s");
+    let wanted = wanted_disk_rows(a.filter.as_deref());
+    let node_disks = if wanted.is_empty() {
+        Vec::new()
+    } else {
+        let addrs = crate::tiers::status_addrs(ctx, &a.sidecar_metrics)?;
+        disk::node_disks(&crate::tiers::fetch_statuses(&addrs))
+    };
     let report = rt.block_on(async {
         let mut clients = Vec::new();
         for i in 0..a.clients.max(1) {
@@ -845,6 +905,14 @@ pub fn run(ctx: &Ctx, a: &BenchArgs) -> Result<()> {
             rows.push(row);
         }
         eprintln!();
+        let disk = if node_disks.is_empty() || wanted.is_empty() || stop.load(Ordering::Relaxed) {
+            None
+        } else {
+            let metad = ctx.metad_async()?;
+            let disks = disk::Disks::of(&node_disks, &env.node);
+            let net = if data_plane_tls { tls } else { tcp };
+            Some(disk::run(&clients, env.clone(), &metad, &disks, &wanted, net).await?)
+        };
         Ok::<_, Error>(Report {
             ceilings: Ceilings {
                 memcpy_gbps: memcpy,
@@ -854,19 +922,88 @@ pub fn run(ctx: &Ctx, a: &BenchArgs) -> Result<()> {
             },
             data_plane_tls,
             results: rows,
+            disk,
         })
     })?;
     print_table(&report);
+    if let Some(d) = &report.disk {
+        disk::print_table(d);
+    }
     if a.json {
         println!(
             "{}",
             serde_json::to_string(&report).map_err(|e| Error::Failed(e.to_string()))?
         );
     }
-    let errors: u64 = report.results.iter().map(|r| r.errors).sum();
+    let errors: u64 = report.results.iter().map(|r| r.errors).sum::<u64>()
+        + report.disk.as_ref().map_or(0, disk::errors);
     if errors > 0 {
         return Err(Error::Failed(format!(
             "{errors} errors in the benchmark (see the table)"
+        )));
+    }
+    Ok(())
+}
+
+/// `--hit-ratio`: the trace against the cluster, beside the ideal LRU (no ceilings: a ratio of
+/// hit ratios).
+fn run_hit_ratio(ctx: &Ctx, a: &BenchArgs, rt: &tokio::runtime::Runtime) -> Result<()> {
+    let finite_above = |x: f64, min: f64| x.is_finite() && x >= min;
+    if !finite_above(a.working_set, f64::MIN_POSITIVE) || !finite_above(a.zipf, 0.0) {
+        return Err(Error::usage(
+            "--working-set must be above 0 and --zipf at least 0",
+        ));
+    }
+    let addrs = crate::tiers::status_addrs(ctx, &a.sidecar_metrics)?;
+    let statuses = crate::tiers::fetch_statuses(&addrs);
+    let disk_bytes: u64 = statuses
+        .iter()
+        .filter_map(|(_, s)| s.as_ref().ok())
+        .flat_map(|s| s.disks.iter().filter(|d| d.healthy))
+        .map(|d| d.capacity_bytes)
+        .sum();
+    let disks = disk::node_disks(&statuses);
+    let disk_reads = || -> u64 {
+        disks
+            .iter()
+            .map(|d| {
+                disk::sidecar_metric(
+                    d.status,
+                    &disk::disk_series("regolith_sidecar_disk_reads", d),
+                ) as u64
+            })
+            .sum()
+    };
+    let params = hit_ratio::Params {
+        working_set: a.working_set,
+        object_size: a.object_size,
+        accesses: a.accesses,
+        zipf: a.zipf,
+        seed: a.seed,
+        depth: a.depth.max(1) as usize,
+    };
+    let report = rt.block_on(async {
+        let mut cfg = ClientConfig::new(ctx.socket());
+        cfg.name = "bench-hit-ratio".into();
+        let client = AsyncClient::connect(cfg).await?;
+        hit_ratio::run(&client, &params, disk_bytes, disk_reads).await
+    })?;
+    hit_ratio::print(&report);
+    if a.json {
+        #[derive(Serialize)]
+        struct Doc<'a> {
+            hit_ratio: &'a hit_ratio::HitRatioReport,
+        }
+        let doc = Doc { hit_ratio: &report };
+        println!(
+            "{}",
+            serde_json::to_string(&doc).map_err(|e| Error::Failed(e.to_string()))?
+        );
+    }
+    if report.errors > 0 {
+        return Err(Error::Failed(format!(
+            "{} reads failed and {} returned wrong bytes",
+            report.failed, report.wrong
         )));
     }
     Ok(())
@@ -943,6 +1080,23 @@ mod tests {
         assert!(m("exists,remote/1MiB", Mode::Remote, 1 << 20, Op::Put));
         assert!(m("exists,remote/1MiB", Mode::Local, 4096, Op::Exists));
         assert!(!m("exists,remote/1MiB", Mode::Local, 1 << 20, Op::Put));
+        // Tiers: `memory` keeps the memory rows only, `disk` the disk rows only.
+        assert!(m("memory/4KiB", Mode::Local, 4096, Op::Get));
+        assert!(!m("disk", Mode::Local, 4096, Op::Get));
+        let d = |f: &str, mode, size| matches_disk_filter(Some(f), mode, size);
+        assert!(d("disk", Mode::Remote, 16 << 20));
+        assert!(d("local/16MiB/get_into", Mode::Local, 16 << 20));
+        assert!(!d("memory", Mode::Local, 16 << 20));
+        assert!(!d("local/get", Mode::Local, 16 << 20));
+        assert!(!d("disk/remote", Mode::Local, 16 << 20));
+        assert!(matches_offload_filter(Some("offload")));
+        assert!(matches_offload_filter(Some("local/4KiB,disk")));
+        assert!(!matches_offload_filter(Some("local")));
+        assert!(matches_offload_filter(None));
+        let w = wanted_disk_rows(Some("disk/16MiB"));
+        assert_eq!(w.cells, [(Mode::Local, 16 << 20), (Mode::Remote, 16 << 20)]);
+        assert!(!w.offload);
+        assert!(wanted_disk_rows(Some("remote/64KiB/get")).is_empty());
     }
 
     #[test]
