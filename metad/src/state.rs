@@ -1018,6 +1018,16 @@ impl StateMachine {
             let (k, o): (String, Object) = snapshot_record(r)?;
             for p in o.replicas.pieces() {
                 let seg = p.segment();
+                if p.is_disk() {
+                    // A disk replica takes no segment space; its node must be known.
+                    if !sm.nodes.contains_key(&seg.node) {
+                        return Err(invalid(format!(
+                            "snapshot object {k:?} is on a disk of unknown node {}",
+                            seg.node
+                        )));
+                    }
+                    continue;
+                }
                 let extents = used.get_mut(&seg).ok_or_else(|| {
                     invalid(format!(
                         "snapshot object {k:?} is on unmounted segment {seg}"
