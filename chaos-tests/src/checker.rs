@@ -129,8 +129,11 @@ pub struct CheckInput<'a> {
     pub read_staleness: Option<Duration>,
     /// The size of the value of `(key, write id)`, when the workload derives it: matches a
     /// put to the object the feed listed (any object of the key is taken otherwise).
-    pub value_len: Option<&'a dyn Fn(&str, u64) -> u64>,
+    pub value_len: Option<ValueLen<'a>>,
 }
+
+/// The size of the value a put of `(key, write id)` wrote.
+pub type ValueLen<'a> = &'a dyn Fn(&str, u64) -> u64;
 
 /// The staleness bound of the sidecar's object index (its `STALE_AFTER`, 2 s, measured from
 /// the leader's lease confirmation) plus a margin for the clock conversions between the
@@ -480,7 +483,7 @@ struct DataCtx<'a> {
     stale: RefCell<BTreeSet<usize>>,
     /// metad's change feed, when it was recorded.
     feed: Option<&'a FeedView>,
-    value_len: Option<&'a dyn Fn(&str, u64) -> u64>,
+    value_len: Option<ValueLen<'a>>,
     /// Why each excused put was excused (put id → cause), for the report.
     causes: RefCell<BTreeMap<usize, &'static str>>,
 }
@@ -504,10 +507,19 @@ fn causes_of(ctx: &DataCtx<'_>, excused: &BTreeSet<usize>) -> BTreeMap<&'static 
 /// counts more of the feed as before the observation, never less.
 const FEED_COVER_MARGIN_US: u64 = 20_000;
 
+/// One listing change of the feed: the object listed with `now` replicas, or unlisted
+/// (`now: None`) from `last`.
+struct Listing {
+    at_us: u64,
+    object: FeedObject,
+    now: Option<Vec<ReplicaLoc>>,
+    last: Vec<ReplicaLoc>,
+}
+
 /// The change feed as recorded ([`crate::feed`]): listings per key, guarantees, resyncs.
 pub struct FeedView {
-    /// Per key, in the order recorded: (time, object, replicas now; `None`: unlisted).
-    by_key: HashMap<String, Vec<(u64, FeedObject, Option<Vec<ReplicaLoc>>, Vec<ReplicaLoc>)>>,
+    /// Per key, in the order recorded.
+    by_key: HashMap<String, Vec<Listing>>,
     /// (recorded at, as of), both non-decreasing.
     current: Vec<(u64, u64)>,
     /// (began, ended) of each resync.
@@ -524,19 +536,18 @@ impl FeedView {
         };
         for e in &rec.events {
             match &e.kind {
-                EventKind::Listed { object, replicas } => {
-                    v.by_key.entry(object.key.clone()).or_default().push((
-                        e.at_us,
-                        object.clone(),
-                        Some(replicas.clone()),
-                        replicas.clone(),
-                    ))
-                }
-                EventKind::Unlisted { object, last } => v
-                    .by_key
-                    .entry(object.key.clone())
-                    .or_default()
-                    .push((e.at_us, object.clone(), None, last.clone())),
+                EventKind::Listed { object, replicas } => v.list(Listing {
+                    at_us: e.at_us,
+                    object: object.clone(),
+                    now: Some(replicas.clone()),
+                    last: replicas.clone(),
+                }),
+                EventKind::Unlisted { object, last } => v.list(Listing {
+                    at_us: e.at_us,
+                    object: object.clone(),
+                    now: None,
+                    last: last.clone(),
+                }),
                 EventKind::FeedCurrent { as_of_us } => {
                     let prev = v.current.last().map_or(0, |c| c.1);
                     v.current.push((e.at_us, (*as_of_us).max(prev)));
@@ -546,6 +557,10 @@ impl FeedView {
             }
         }
         (!v.current.is_empty()).then_some(v)
+    }
+
+    fn list(&mut self, l: Listing) {
+        self.by_key.entry(l.object.key.clone()).or_default().push(l);
     }
 
     /// When the feed was known to hold every change acknowledged before `t_us`: the time the
@@ -564,9 +579,9 @@ impl FeedView {
         lo: u64,
         hi: u64,
     ) -> Option<&Vec<ReplicaLoc>> {
-        self.by_key.get(key)?.iter().find_map(|(at, o, now, last)| {
-            (now.is_none() && *at >= lo && *at <= hi && size.is_none_or(|s| s == o.size))
-                .then_some(last)
+        self.by_key.get(key)?.iter().find_map(|l| {
+            let sized = size.is_none_or(|s| s == l.object.size);
+            (l.now.is_none() && l.at_us >= lo && l.at_us <= hi && sized).then_some(&l.last)
         })
     }
 
@@ -1042,18 +1057,16 @@ fn disk_replica_gone(
     from: u64,
     to: u64,
 ) -> Option<u64> {
-    feed.by_key
-        .get(&o.key)?
-        .iter()
-        .find_map(|(at, obj, now, _)| {
-            if *at <= from || *at > to || obj.version != o.version {
-                return None;
-            }
-            let kept = now
-                .as_ref()
-                .is_some_and(|r| r.iter().any(|r| r.node == node && r.is_disk()));
-            (!kept).then_some(*at)
-        })
+    feed.by_key.get(&o.key)?.iter().find_map(|l| {
+        if l.at_us <= from || l.at_us > to || l.object.version != o.version {
+            return None;
+        }
+        let kept = l
+            .now
+            .as_ref()
+            .is_some_and(|r| r.iter().any(|r| r.node == node && r.is_disk()));
+        (!kept).then_some(l.at_us)
+    })
 }
 
 /// Indeterminate puts whose value some get returned: how many, and a few of their reasons.

@@ -396,7 +396,7 @@ impl<W: Workload> Harness<W> {
             recovery_limit: self.cfg.recovery_limit,
             node_ttl: Some(self.cfg.node_ttl),
             read_staleness: self.workload.read_staleness(),
-            value_len: derived.then_some(&value_len as &dyn Fn(&str, u64) -> u64),
+            value_len: derived.then_some(&value_len as checker::ValueLen<'_>),
         });
         let logs = self.cluster.log_tails(40) + &self.workload.log_tails(40);
         Ok(RunOutcome {

@@ -60,7 +60,7 @@ fn every_fault(rng: &mut StdRng, data_plane: bool) -> Vec<Fault> {
     } else {
         OneWay::LeaderMute
     };
-    let mut distinct = vec!["s1".to_string(), "s2".into(), "s3".into()];
+    let mut distinct = ["s1".to_string(), "s2".into(), "s3".into()];
     distinct.shuffle(rng);
     let how = if rng.gen_bool(0.5) {
         DiskFailure::Removed

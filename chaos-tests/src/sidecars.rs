@@ -353,7 +353,13 @@ struct Node {
 
 impl Node {
     fn spawn(&self) -> Result<()> {
-        let child = netns::spawn_in(&self.host.ns, &self.launch.program, &self.args, &self.log)?;
+        let child = netns::spawn_in_env(
+            &self.host.ns,
+            &self.launch.program,
+            &self.args,
+            &self.log,
+            &sidecar_env(),
+        )?;
         tracing::info!(host = %self.host.name, pid = child.id(), "sidecar started");
         *self.child.lock() = Some(child);
         Ok(())
@@ -606,6 +612,22 @@ impl Node {
                 Err(e) => tracing::trace!(host = %self.host.name, error = %e, "status poll failed"),
             }
         }
+    }
+}
+
+/// The line a sidecar logs once its disks are reconciled with metad (after every start with
+/// disks); the warm restart waits for it.
+const RECONCILED_LINE: &str = "disk tier reconciled with metad";
+
+/// The sidecars' environment: a `RUST_LOG` given to the run (which replaces the sidecar's own
+/// levels) still logs [`RECONCILED_LINE`] (target `regolith_sidecar::offload`, info).
+fn sidecar_env() -> Vec<(String, String)> {
+    match std::env::var("RUST_LOG") {
+        Ok(f) if !f.trim().is_empty() => vec![(
+            "RUST_LOG".into(),
+            format!("{f},regolith_sidecar::offload=info"),
+        )],
+        _ => Vec::new(),
     }
 }
 
@@ -872,7 +894,13 @@ impl Workload for SidecarWorkload {
         node.keep_offloads();
         let mut args = node.args.clone();
         args.push("--takeover".into());
-        let new = netns::spawn_in(&node.host.ns, &node.launch.program, &args, &node.log)?;
+        let new = netns::spawn_in_env(
+            &node.host.ns,
+            &node.launch.program,
+            &args,
+            &node.log,
+            &sidecar_env(),
+        )?;
         let new_pid = new.id();
         // The new process is the node's from now on; the old one must exit 0 by itself once
         // it handed over.
@@ -1067,10 +1095,7 @@ impl Workload for SidecarWorkload {
         let node = self.node(host)?;
         let text = std::fs::read_to_string(&node.log)
             .map_err(|e| Error::io(node.log.display().to_string(), e))?;
-        Ok(text
-            .lines()
-            .filter(|l| l.contains("disk tier reconciled with metad"))
-            .count())
+        Ok(text.lines().filter(|l| l.contains(RECONCILED_LINE)).count())
     }
 
     fn read_through(&self, host: &str, process: u32, keys: &[String]) -> Result<Vec<OpResult>> {
