@@ -25,6 +25,18 @@
 //!   completed: such reads are not anomalies but counted ([`Report::stale_reads`]). Reads
 //!   through the node that made the change, and every observation of absence, stay strict
 //!   (read-your-writes; an index never answers "absent" itself).
+//!   With metad's change feed recorded ([`crate::feed`]: the sidecar workload, where objects
+//!   move to disks after their put), excuses come from it instead: a loss is excused only when
+//!   the feed shows metad dropped that object (a listing of the key, of the put's size, ended)
+//!   after the put began and before the observation ended (the first guarantee of the feed
+//!   that covers the observation's end bounds it); the object's last placement says why: on a
+//!   disk (a failed disk, the disk's own eviction), on segments that went away, or in memory
+//!   (evicted). Where the feed resynced across that span, or never covered the observation,
+//!   the rules above apply.
+//! * [`AnomalyKind::DiskObjectsLost`] — after a warm restart of a sidecar
+//!   (`sidecar-restart-warm`), more of the objects metad listed on that node's disks at the
+//!   kill lost their disk replica (feed) than the restarted sidecar's disks counted as dropped
+//!   (their own eviction, damaged records, a failed disk) plus metad's dead-node drops meanwhile.
 //! * (e) [`AnomalyKind::OverlappingExtents`] — two acknowledged objects whose extents share a
 //!   byte of one segment while neither could have been removed (invariant 2), when the client
 //!   knows placements and metad evicted nothing.
@@ -41,7 +53,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::history::{EventKind, Op, OpKind, OpResult, Recorded, ReplicaLoc, Reply, ResultClass};
+use crate::history::{
+    EventKind, FeedObject, Op, OpKind, OpResult, Recorded, ReplicaLoc, Reply, ResultClass,
+};
 
 /// A fault as it was run: injected, healed, and the end of its window (the next injection or
 /// the end of the run). Operations invoked in `[injected_us, end_us)` are attributed to it.
@@ -86,6 +100,7 @@ pub enum AnomalyKind {
     LossesExceedCounters,
     TwoLeadersInTerm,
     NoRecovery,
+    DiskObjectsLost,
 }
 
 #[derive(Clone, Debug)]
@@ -112,7 +127,13 @@ pub struct CheckInput<'a> {
     /// How stale a read through another node than the change's may be (the sidecars' object
     /// index); `None`: every read is held to linearizability.
     pub read_staleness: Option<Duration>,
+    /// The size of the value of `(key, write id)`, when the workload derives it: matches a
+    /// put to the object the feed listed (any object of the key is taken otherwise).
+    pub value_len: Option<ValueLen<'a>>,
 }
+
+/// The size of the value a put of `(key, write id)` wrote.
+pub type ValueLen<'a> = &'a dyn Fn(&str, u64) -> u64;
 
 /// The staleness bound of the sidecar's object index (its `STALE_AFTER`, 2 s, measured from
 /// the leader's lease confirmation) plus a margin for the clock conversions between the
@@ -162,6 +183,10 @@ pub struct Report {
     pub anomalies: Vec<Anomaly>,
     /// Acknowledged puts found lost but excused by a segment drop or eviction.
     pub excused_losses: usize,
+    /// Of those, by the cause the feed shows (empty without a feed).
+    pub excused_by_cause: BTreeMap<&'static str, usize>,
+    /// One line per warm restart checked (objects held on disk, dropped since, counted).
+    pub warm_restarts: Vec<String>,
     /// Indeterminate puts, and how many of them a later get showed did take effect (the
     /// metad-only workload's commits answered NOT_LEADER or timed out).
     pub indeterminate_puts: usize,
@@ -233,6 +258,17 @@ impl Report {
             self.corrupt_misses,
             self.stale_reads
         );
+        if !self.excused_by_cause.is_empty() {
+            let causes: Vec<String> = self
+                .excused_by_cause
+                .iter()
+                .map(|(c, n)| format!("{c} {n}"))
+                .collect();
+            let _ = writeln!(s, "excused losses by cause (feed): {}", causes.join(", "));
+        }
+        for w in &self.warm_restarts {
+            let _ = writeln!(s, "warm restart: {w}");
+        }
         for e in &self.indeterminate_seen_examples {
             let _ = writeln!(s, "  indeterminate put that took effect: {e}");
         }
@@ -361,18 +397,26 @@ pub fn check(input: &CheckInput<'_>) -> Report {
     for op in ops {
         by_key.entry(op.key.as_str()).or_default().push(op);
     }
+    let feed = FeedView::of(input.recorded);
     let ctx = DataCtx {
         gone: &gone,
         by_write: &by_write,
         counters: input.counters,
         staleness_us: input.read_staleness.map_or(0, |d| d.as_micros() as u64),
         stale: RefCell::new(BTreeSet::new()),
+        feed: feed.as_ref(),
+        value_len: input.value_len,
+        causes: RefCell::new(BTreeMap::new()),
     };
     let mut anomalies = Vec::new();
     let mut excused = BTreeSet::new();
     for (key, key_ops) in &by_key {
         check_key(&ctx, key, key_ops, &mut anomalies, &mut excused);
     }
+    let warm_restarts = match &feed {
+        Some(f) => check_warm_restarts(input.recorded, f, &by_key, &mut anomalies),
+        None => Vec::new(),
+    };
     if input.counters.evicted_objects == 0 {
         check_overlaps(ops, &by_key, &mut anomalies);
     }
@@ -402,10 +446,13 @@ pub fn check(input: &CheckInput<'_>) -> Report {
     let rows = table_rows(ops, input.windows, &anomalies, &recoveries);
     let (seen_count, seen_examples) = indeterminate_seen(ops, &by_write);
     let stale_reads = ctx.stale.borrow().len();
+    let excused_by_cause = causes_of(&ctx, &excused);
     Report {
         rows,
         anomalies,
         excused_losses: excused.len(),
+        excused_by_cause,
+        warm_restarts,
         indeterminate_puts: ops
             .iter()
             .filter(|o| o.write_id().is_some() && o.result.class() == ResultClass::Indeterminate)
@@ -434,6 +481,113 @@ struct DataCtx<'a> {
     staleness_us: u64,
     /// Reads excused as stale (ids).
     stale: RefCell<BTreeSet<usize>>,
+    /// metad's change feed, when it was recorded.
+    feed: Option<&'a FeedView>,
+    value_len: Option<ValueLen<'a>>,
+    /// Why each excused put was excused (put id → cause), for the report.
+    causes: RefCell<BTreeMap<usize, &'static str>>,
+}
+
+/// How many excused losses each cause accounts for.
+fn causes_of(ctx: &DataCtx<'_>, excused: &BTreeSet<usize>) -> BTreeMap<&'static str, usize> {
+    let causes = ctx.causes.borrow();
+    let mut out = BTreeMap::new();
+    if ctx.feed.is_none() {
+        return out;
+    }
+    for id in excused {
+        *out.entry(causes.get(id).copied().unwrap_or("other"))
+            .or_insert(0) += 1;
+    }
+    out
+}
+
+/// Margin added to an observation's end before a feed guarantee counts as covering it (the
+/// guarantee is Unix milliseconds, converted to the recorder's clock): a later cover only
+/// counts more of the feed as before the observation, never less.
+const FEED_COVER_MARGIN_US: u64 = 20_000;
+
+/// One listing change of the feed: the object listed with `now` replicas, or unlisted
+/// (`now: None`) from `last`.
+struct Listing {
+    at_us: u64,
+    object: FeedObject,
+    now: Option<Vec<ReplicaLoc>>,
+    last: Vec<ReplicaLoc>,
+}
+
+/// The change feed as recorded ([`crate::feed`]): listings per key, guarantees, resyncs.
+pub struct FeedView {
+    /// Per key, in the order recorded.
+    by_key: HashMap<String, Vec<Listing>>,
+    /// (recorded at, as of), both non-decreasing.
+    current: Vec<(u64, u64)>,
+    /// (began, ended) of each resync.
+    resyncs: Vec<(u64, u64)>,
+}
+
+impl FeedView {
+    /// The feed of a recording; `None` when none was recorded (no guarantee ever came).
+    pub fn of(rec: &Recorded) -> Option<Self> {
+        let mut v = FeedView {
+            by_key: HashMap::new(),
+            current: Vec::new(),
+            resyncs: Vec::new(),
+        };
+        for e in &rec.events {
+            match &e.kind {
+                EventKind::Listed { object, replicas } => v.list(Listing {
+                    at_us: e.at_us,
+                    object: object.clone(),
+                    now: Some(replicas.clone()),
+                    last: replicas.clone(),
+                }),
+                EventKind::Unlisted { object, last } => v.list(Listing {
+                    at_us: e.at_us,
+                    object: object.clone(),
+                    now: None,
+                    last: last.clone(),
+                }),
+                EventKind::FeedCurrent { as_of_us } => {
+                    let prev = v.current.last().map_or(0, |c| c.1);
+                    v.current.push((e.at_us, (*as_of_us).max(prev)));
+                }
+                EventKind::FeedResynced { from_us } => v.resyncs.push((*from_us, e.at_us)),
+                _ => {}
+            }
+        }
+        (!v.current.is_empty()).then_some(v)
+    }
+
+    fn list(&mut self, l: Listing) {
+        self.by_key.entry(l.object.key.clone()).or_default().push(l);
+    }
+
+    /// When the feed was known to hold every change acknowledged before `t_us`: the time the
+    /// first guarantee as late as that was recorded.
+    fn cover(&self, t_us: u64) -> Option<u64> {
+        let want = t_us.saturating_add(FEED_COVER_MARGIN_US);
+        let i = self.current.partition_point(|c| c.1 < want);
+        self.current.get(i).map(|c| c.0)
+    }
+
+    /// A listing of `key` (of `size`, when given) that ended in `[lo, hi]`: its last replicas.
+    fn unlisted_within(
+        &self,
+        key: &str,
+        size: Option<u64>,
+        lo: u64,
+        hi: u64,
+    ) -> Option<&Vec<ReplicaLoc>> {
+        self.by_key.get(key)?.iter().find_map(|l| {
+            let sized = size.is_none_or(|s| s == l.object.size);
+            (l.now.is_none() && l.at_us >= lo && l.at_us <= hi && sized).then_some(&l.last)
+        })
+    }
+
+    fn resync_within(&self, lo: u64, hi: u64) -> bool {
+        self.resyncs.iter().any(|&(a, b)| b >= lo && a <= hi)
+    }
 }
 
 impl DataCtx<'_> {
@@ -454,8 +608,56 @@ impl DataCtx<'_> {
             && read.invoke_us < change.complete_us.saturating_add(self.staleness_us)
     }
 
-    /// Why a loss of this acknowledged put is excused, if it is.
-    fn excuse(&self, put: &Op) -> Option<String> {
+    /// Why a loss of this acknowledged put, found by an observation that ended at `by_us`,
+    /// is excused, if it is (recording the cause for the report).
+    fn excuse(&self, put: &Op, by_us: u64) -> Option<String> {
+        let (cause, why) = match self.feed {
+            Some(feed) => self.feed_excuse(feed, put, by_us)?,
+            None => ("other", self.recorded_excuse(put)?),
+        };
+        self.causes.borrow_mut().insert(put.id, cause);
+        Some(why)
+    }
+
+    /// The feed's verdict: metad dropped the object between the put's start and the cover of
+    /// `by_us`, and why (its last placement); where the feed cannot tell (a resync across the
+    /// span, no guarantee covering it) the recorded rules decide.
+    fn feed_excuse(&self, feed: &FeedView, put: &Op, by_us: u64) -> Option<(&'static str, String)> {
+        let size = match (self.value_len, put.write_id()) {
+            (Some(len), Some(w)) => Some(len(&put.key, w)),
+            _ => None,
+        };
+        let Some(hi) = feed.cover(by_us) else {
+            return Some(("feed gap", self.recorded_excuse(put)?));
+        };
+        if let Some(last) = feed.unlisted_within(&put.key, size, put.invoke_us, hi) {
+            let at: Vec<String> = last.iter().map(|r| r.to_string()).collect();
+            let at = at.join(" ");
+            return Some(if !last.is_empty() && last.iter().all(|r| r.is_disk()) {
+                (
+                    "dropped from a disk",
+                    format!("metad dropped it from disk [{at}]"),
+                )
+            } else if !last.is_empty() && last.iter().all(|r| self.gone.contains(r)) {
+                (
+                    "segment gone",
+                    format!("metad dropped it with its segment [{at}]"),
+                )
+            } else {
+                (
+                    "evicted or dropped",
+                    format!("metad dropped it from [{at}]"),
+                )
+            });
+        }
+        if feed.resync_within(put.invoke_us, hi) {
+            return Some(("feed gap", self.recorded_excuse(put)?));
+        }
+        None
+    }
+
+    /// The recorded rules: metad evicted something, or every replica's segment went away.
+    fn recorded_excuse(&self, put: &Op) -> Option<String> {
         if self.counters.evicted_objects > 0 {
             return Some(format!(
                 "metad evicted {} objects",
@@ -568,7 +770,7 @@ fn check_lost_puts(
             if kind == AnomalyKind::WrongRead && ctx.stale_within_bound(obs, put) {
                 continue;
             }
-            if let Some(why) = ctx.excuse(put) {
+            if let Some(why) = ctx.excuse(put, obs.complete_us) {
                 tracing::debug!(key, put = put.id, %why, "loss excused");
                 excused.insert(put.id);
                 break;
@@ -746,7 +948,7 @@ fn check_double_puts(
             } else {
                 (b, a)
             };
-            if ctx.excuse(first).is_some() {
+            if ctx.excuse(first, second.complete_us).is_some() {
                 continue;
             }
             anomalies.push(Anomaly {
@@ -765,6 +967,106 @@ fn check_double_puts(
             });
         }
     }
+}
+
+/// The warm-restart rule: of the objects metad listed on a node's disks when its sidecar was
+/// killed ([`EventKind::DiskHeld`]), those whose disk replica the feed shows gone by the end
+/// of the restart ([`EventKind::WarmRestarted`], recorded once the feed was current) — with
+/// no client remove of the key that could have come between — may not outnumber the drops the
+/// restarted sidecar's disks counted (plus metad's dead-node drops meanwhile). A restart that
+/// forgot records it had made durable shows as drops nobody counted. Returns a line per
+/// restart for the report.
+fn check_warm_restarts(
+    rec: &Recorded,
+    feed: &FeedView,
+    by_key: &BTreeMap<&str, Vec<&Op>>,
+    anomalies: &mut Vec<Anomaly>,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut held: HashMap<u64, (u64, &str, &[FeedObject])> = HashMap::new();
+    for e in &rec.events {
+        match &e.kind {
+            EventKind::DiskHeld {
+                host,
+                node,
+                objects,
+            } => {
+                held.insert(*node, (e.at_us, host.as_str(), objects.as_slice()));
+            }
+            EventKind::WarmRestarted {
+                node,
+                drops_counted,
+                ..
+            } => {
+                let Some((killed_us, host, objects)) = held.remove(node) else {
+                    continue;
+                };
+                let lost: Vec<&FeedObject> = objects
+                    .iter()
+                    .filter(|o| {
+                        disk_replica_gone(feed, o, *node, killed_us, e.at_us).is_some_and(|t| {
+                            let removes = by_key
+                                .get(o.key.as_str())
+                                .map(|ops| possible_removes(ops))
+                                .unwrap_or_default();
+                            !remove_possible_within(&removes, killed_us, t)
+                        })
+                    })
+                    .collect();
+                let line = format!(
+                    "{host} (node {node}): {} objects on its disks at the kill, {} lost their \
+                     disk replica by {:.3}s, {drops_counted} drops counted",
+                    objects.len(),
+                    lost.len(),
+                    e.at_us as f64 / 1e6
+                );
+                if lost.len() as u64 > *drops_counted {
+                    let keys: Vec<String> = lost
+                        .iter()
+                        .map(|o| format!("{}@{}.{}", o.key, o.version.0, o.version.1))
+                        .collect();
+                    anomalies.push(Anomaly {
+                        kind: AnomalyKind::DiskObjectsLost,
+                        key: lost.first().map(|o| o.key.clone()),
+                        at_us: killed_us,
+                        message: format!(
+                            "warm restart of {host} (node {node}) at {:.3}s: {} objects metad \
+                             listed on its disks lost their disk replica, but its disks counted \
+                             only {drops_counted} drops: {}",
+                            killed_us as f64 / 1e6,
+                            lost.len(),
+                            keys.join(", ")
+                        ),
+                        ops: vec![],
+                    });
+                }
+                lines.push(line);
+            }
+            _ => {}
+        }
+    }
+    lines
+}
+
+/// When the feed showed `o`'s replica on a disk of `node` gone (unlisted, or listed with no
+/// disk replica there) within `(from, to]`.
+fn disk_replica_gone(
+    feed: &FeedView,
+    o: &FeedObject,
+    node: u64,
+    from: u64,
+    to: u64,
+) -> Option<u64> {
+    feed.by_key.get(&o.key)?.iter().find_map(|l| {
+        if l.at_us <= from || l.at_us > to || l.object.version != o.version {
+            return None;
+        }
+        let kept = l
+            .now
+            .as_ref()
+            .is_some_and(|r| r.iter().any(|r| r.node == node && r.is_disk()));
+        (!kept).then_some(l.at_us)
+    })
 }
 
 /// Indeterminate puts whose value some get returned: how many, and a few of their reasons.
@@ -1160,6 +1462,7 @@ mod tests {
                 recovery_limit: Duration::from_secs(10),
                 node_ttl: Some(Duration::from_secs(4)),
                 read_staleness: self.staleness,
+                value_len: None,
             })
         }
     }
@@ -1464,6 +1767,247 @@ mod tests {
         assert_eq!(kinds(&r), vec![AnomalyKind::LossesExceedCounters]);
     }
 
+    // ------------------------------------------------------------ the change feed
+
+    fn ev(h: &mut H, at_ms: u64, kind: EventKind) {
+        h.rec.events.push(Event {
+            at_us: at_ms * 1000,
+            kind,
+        });
+        h.rec.events.sort_by_key(|e| e.at_us);
+    }
+
+    fn obj(key: &str, id: u64, size: u64) -> FeedObject {
+        FeedObject {
+            key: key.into(),
+            version: (1, id),
+            size,
+        }
+    }
+
+    fn disk(node: u64) -> ReplicaLoc {
+        ReplicaLoc {
+            node,
+            generation: regolith_proto::disk_tier::disk_generation(0),
+        }
+    }
+
+    /// The feed is current every 10 ms from 0 to 200 ms.
+    fn feed_current(h: &mut H) {
+        for t in (0..=200).step_by(10) {
+            ev(h, t, EventKind::FeedCurrent { as_of_us: t * 1000 });
+        }
+    }
+
+    fn check_sized(h: &H, counters: Counters) -> Report {
+        let len = |_: &str, w: u64| 100 * w;
+        check(&CheckInput {
+            recorded: &h.rec,
+            claims: &[],
+            windows: &[],
+            counters,
+            recovery_limit: Duration::from_secs(10),
+            node_ttl: None,
+            read_staleness: None,
+            value_len: Some(&len),
+        })
+    }
+
+    /// Put w1 of "k" (100 bytes) on node 1's memory at 0..10 ms, moved to node 1's disk at
+    /// 20 ms, absent for a get at 60..70 ms.
+    fn offloaded_then_absent() -> H {
+        let mut h = H::default();
+        feed_current(&mut h);
+        h.put(1, "k", 1, (0, 10), H::stored(1));
+        ev(
+            &mut h,
+            9,
+            EventKind::Listed {
+                object: obj("k", 1, 100),
+                replicas: vec![ReplicaLoc {
+                    node: 1,
+                    generation: 1,
+                }],
+            },
+        );
+        ev(
+            &mut h,
+            20,
+            EventKind::Listed {
+                object: obj("k", 1, 100),
+                replicas: vec![disk(1)],
+            },
+        );
+        h.get(2, "k", (60, 70), OpResult::Ok(Reply::NotFound));
+        h
+    }
+
+    const EVICTED_1: Counters = Counters {
+        evicted_objects: 1,
+        dead_node_dropped_objects: 0,
+    };
+
+    #[test]
+    fn a_loss_with_a_failed_disk_is_excused_when_the_feed_shows_the_drop() {
+        let mut h = offloaded_then_absent();
+        ev(
+            &mut h,
+            50,
+            EventKind::Unlisted {
+                object: obj("k", 1, 100),
+                last: vec![disk(1)],
+            },
+        );
+        let r = check_sized(&h, EVICTED_1);
+        assert!(r.passed(), "{r}");
+        assert_eq!(r.excused_losses, 1);
+        assert_eq!(
+            r.excused_by_cause.get("dropped from a disk"),
+            Some(&1),
+            "{r}"
+        );
+        assert!(r.table().contains("dropped from a disk 1"), "{}", r.table());
+        // Counted by metad, or it is an anomaly.
+        let r = check_sized(&h, Counters::default());
+        assert_eq!(kinds(&r), vec![AnomalyKind::LossesExceedCounters]);
+    }
+
+    #[test]
+    fn with_the_feed_an_eviction_elsewhere_excuses_no_loss() {
+        // metad evicted something, but the feed never unlisted this object: a lost put.
+        let h = offloaded_then_absent();
+        let r = check_sized(&h, EVICTED_1);
+        assert_eq!(kinds(&r), vec![AnomalyKind::LostAcknowledgedPut], "{r}");
+        // Another object of the key (another size) dropped, or this one dropped only after
+        // the get: still lost.
+        for (at, size) in [(50, 7), (150, 100)] {
+            let mut h = offloaded_then_absent();
+            ev(
+                &mut h,
+                at,
+                EventKind::Unlisted {
+                    object: obj("k", 1, size),
+                    last: vec![disk(1)],
+                },
+            );
+            let r = check_sized(&h, EVICTED_1);
+            assert_eq!(kinds(&r), vec![AnomalyKind::LostAcknowledgedPut], "{r}");
+        }
+    }
+
+    #[test]
+    fn an_unlisting_the_feed_delivered_late_but_covered_by_its_guarantee_excuses() {
+        // The feed's guarantee for the get's end (70 ms) only came at 150 ms: a drop
+        // recorded at 120 ms was applied before the get read.
+        let mut h = offloaded_then_absent();
+        h.rec
+            .events
+            .retain(|e| !matches!(e.kind, EventKind::FeedCurrent { .. }));
+        ev(&mut h, 5, EventKind::FeedCurrent { as_of_us: 5_000 });
+        ev(
+            &mut h,
+            120,
+            EventKind::Unlisted {
+                object: obj("k", 1, 100),
+                last: vec![disk(1)],
+            },
+        );
+        ev(&mut h, 150, EventKind::FeedCurrent { as_of_us: 140_000 });
+        let r = check_sized(&h, EVICTED_1);
+        assert!(r.passed(), "{r}");
+    }
+
+    #[test]
+    fn across_a_feed_resync_the_recorded_rules_decide() {
+        let mut h = offloaded_then_absent();
+        ev(&mut h, 40, EventKind::FeedResynced { from_us: 30_000 });
+        let r = check_sized(&h, EVICTED_1);
+        assert!(r.passed(), "{r}");
+        assert_eq!(r.excused_by_cause.get("feed gap"), Some(&1));
+        let r = check_sized(&h, Counters::default());
+        assert_eq!(kinds(&r), vec![AnomalyKind::LostAcknowledgedPut], "{r}");
+    }
+
+    /// Node 1's sidecar killed at 30 ms holding a and b on its disk, restarted and reconciled
+    /// by 100 ms; the feed shows b's disk replica dropped at 80 ms.
+    fn warm_restart(counted: u64) -> H {
+        let mut h = H::default();
+        feed_current(&mut h);
+        for (key, id) in [("a", 1), ("b", 2)] {
+            ev(
+                &mut h,
+                5,
+                EventKind::Listed {
+                    object: obj(key, id, 100),
+                    replicas: vec![disk(1)],
+                },
+            );
+        }
+        ev(
+            &mut h,
+            30,
+            EventKind::DiskHeld {
+                host: "s1".into(),
+                node: 1,
+                objects: vec![obj("a", 1, 100), obj("b", 2, 100)],
+            },
+        );
+        ev(
+            &mut h,
+            80,
+            EventKind::Unlisted {
+                object: obj("b", 2, 100),
+                last: vec![disk(1)],
+            },
+        );
+        ev(
+            &mut h,
+            100,
+            EventKind::WarmRestarted {
+                host: "s1".into(),
+                node: 1,
+                drops_counted: counted,
+            },
+        );
+        h
+    }
+
+    #[test]
+    fn disk_objects_a_warm_restart_forgot_are_caught() {
+        let r = check_sized(&warm_restart(0), EVICTED_1);
+        assert_eq!(kinds(&r), vec![AnomalyKind::DiskObjectsLost], "{r}");
+        assert!(r.anomalies[0].message.contains("b@1.2"), "{r}");
+        assert_eq!(r.warm_restarts.len(), 1);
+        // The disk counted the drop (its eviction, a damaged record): fine.
+        let r = check_sized(&warm_restart(1), EVICTED_1);
+        assert!(r.passed(), "{r}");
+        assert!(
+            r.table()
+                .contains("2 objects on its disks at the kill, 1 lost"),
+            "{r}"
+        );
+        // A client removed b meanwhile: not a loss of the restart.
+        let mut h = warm_restart(0);
+        h.op(
+            2,
+            "b",
+            OpKind::Remove,
+            (40, 50),
+            OpResult::Ok(Reply::Removed(true)),
+        );
+        let r = check_sized(&h, EVICTED_1);
+        assert!(r.passed(), "{r}");
+        // A replica dropped later than the restart's end is the disk's ordinary life.
+        let mut h = warm_restart(0);
+        for e in h.rec.events.iter_mut() {
+            if matches!(e.kind, EventKind::Unlisted { .. }) {
+                e.at_us = 150_000;
+            }
+        }
+        h.rec.events.sort_by_key(|e| e.at_us);
+        assert!(check_sized(&h, EVICTED_1).passed());
+    }
+
     #[test]
     fn overlapping_extents_of_live_objects_are_caught() {
         let placed = |offset| {
@@ -1572,6 +2116,7 @@ mod tests {
                 recovery_limit: limit,
                 node_ttl: None,
                 read_staleness: None,
+                value_len: None,
             })
         };
         let r = report(Duration::from_secs(10));

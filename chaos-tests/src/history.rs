@@ -23,11 +23,36 @@ pub enum OpKind {
     Remove,
 }
 
-/// Where a replica of a stored object lives: a segment `(node id, generation)`.
+/// Where a replica of a stored object lives: a segment `(node id, generation)`, or one of the
+/// node's disks, named by a reserved disk generation ([`regolith_proto::disk_tier`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ReplicaLoc {
     pub node: u64,
     pub generation: u64,
+}
+
+impl ReplicaLoc {
+    /// Whether this replica is on a disk of its node (not in its memory segment).
+    pub fn is_disk(&self) -> bool {
+        regolith_proto::disk_tier::is_disk_generation(self.generation)
+    }
+}
+
+impl std::fmt::Display for ReplicaLoc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match regolith_proto::disk_tier::disk_of(self.generation) {
+            Some(d) => write!(f, "n{}d{d}", self.node),
+            None => write!(f, "n{}g{}", self.node, self.generation),
+        }
+    }
+}
+
+/// An object as metad's change feed names it: key, version `(term, id)`, size.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FeedObject {
+    pub key: String,
+    pub version: (u64, u64),
+    pub size: u64,
 }
 
 /// A byte range of a segment.
@@ -178,6 +203,45 @@ pub enum EventKind {
         detail: String,
     },
     Note(String),
+    /// metad's change feed ([`crate::feed`]) listed this object with these replicas (a new
+    /// object, or one whose replicas changed: offloaded to a disk, a replica dropped).
+    Listed {
+        object: FeedObject,
+        replicas: Vec<ReplicaLoc>,
+    },
+    /// The feed no longer lists this object (removed by a client, evicted, dropped with its
+    /// segment or its disk); `last` is where its replicas were.
+    Unlisted {
+        object: FeedObject,
+        last: Vec<ReplicaLoc>,
+    },
+    /// The feed's copy holds every change metad acknowledged before `as_of_us` (the
+    /// leader's lease guarantee, on this recorder's clock).
+    FeedCurrent {
+        as_of_us: u64,
+    },
+    /// The feed resynced from a snapshot between `from_us` and this event: objects put and
+    /// removed meanwhile were never seen.
+    FeedResynced {
+        from_us: u64,
+    },
+    /// Before a kill -9 of `node`'s sidecar (`sidecar-restart-warm`): the objects metad listed
+    /// with a replica on one of its disks, every one of which must still be there after the
+    /// restart unless its disk dropped it (counted by the sidecar).
+    DiskHeld {
+        host: String,
+        node: u64,
+        objects: Vec<FeedObject>,
+    },
+    /// The warm restart of `node` is complete (its disks reconciled with metad, the feed
+    /// current): `drops_counted` objects are allowed to have left its disks since
+    /// [`EventKind::DiskHeld`] (its disks' own eviction, damaged records, a failed disk, and
+    /// objects dropped with the node if metad declared it dead).
+    WarmRestarted {
+        host: String,
+        node: u64,
+        drops_counted: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,6 +261,8 @@ pub struct Recorded {
 #[derive(Clone, Debug)]
 pub struct History {
     start: Instant,
+    /// Unix time of `start`, in µs (to place metad's Unix-time guarantees on this clock).
+    start_unix_us: u64,
     inner: Arc<Mutex<Recorded>>,
 }
 
@@ -208,10 +274,20 @@ impl Default for History {
 
 impl History {
     pub fn new() -> Self {
+        let start_unix_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
         Self {
             start: Instant::now(),
+            start_unix_us,
             inner: Arc::new(Mutex::new(Recorded::default())),
         }
+    }
+
+    /// A Unix time in ms on this recorder's clock (µs since the run started; 0 before it).
+    pub fn unix_ms_to_us(&self, unix_ms: u64) -> u64 {
+        (unix_ms * 1000).saturating_sub(self.start_unix_us)
     }
 
     /// Microseconds since the run started.

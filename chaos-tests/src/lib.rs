@@ -19,6 +19,8 @@
 //! * [`workload`] — the pluggable [`workload::Workload`] / [`workload::WorkloadClient`] traits
 //!   and the client loops; [`sidecars`] — the workload of real sidecars and the Rust client
 //!   (bytes over the data plane); [`metad_only`] — the workload that talks to metad alone.
+//! * [`feed`] — metad's change feed followed by the observer: where every object is (memory
+//!   or a disk) as metad lists it, recorded for the checker.
 //! * [`preload`] — a state of N objects loaded under the run (`HarnessConfig::preload`).
 //! * [`value`] — values derived from (key, write id), traceable to the put that wrote them.
 //! * [`history`] — the recorded operations and events.
@@ -34,6 +36,7 @@ pub mod byzantine;
 pub mod checker;
 pub mod cluster;
 pub mod error;
+pub mod feed;
 pub mod firewall;
 pub mod history;
 pub mod metad_only;

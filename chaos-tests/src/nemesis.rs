@@ -15,22 +15,47 @@ use nix::sys::signal::Signal;
 use crate::byzantine;
 use crate::cluster::Cluster;
 use crate::error::{Error, Result};
+use crate::feed::Feed;
 use crate::firewall::{self, Rule};
-use crate::history::History;
+use crate::history::{EventKind, FeedObject, History, OpResult, Reply};
 use crate::netns::{Host, Topology};
 use crate::proxy::ProxyControl;
 
-/// Crash and restart of a node's sidecar, and its per-NIC traffic (implemented by the
-/// workload, which owns the sidecars).
+/// Crash and restart of a node's sidecar, its disks, and its per-NIC traffic (implemented by
+/// the workload, which owns the sidecars; see [`crate::workload::Workload`]).
 pub trait NodeControl {
     fn crash_node(&self, host: &str) -> Result<()>;
     fn restart_node(&self, host: &str) -> Result<()>;
     fn upgrade_node(&self, host: &str) -> Result<String>;
     fn freeze_index(&self, host: &str, on: bool) -> Result<String>;
     fn nic_traffic(&self, host: &str) -> Result<BTreeMap<String, u64>>;
+    fn node_id(&self, host: &str) -> Option<u64>;
+    fn fail_disk(&self, host: &str, how: DiskFailure) -> Result<String>;
+    fn replace_disk(&self, host: &str) -> Result<String>;
+    fn disk_drops(&self, host: &str) -> Result<u64>;
+    fn disks_reconciled(&self, host: &str) -> Result<usize>;
+    fn read_through(&self, host: &str, process: u32, keys: &[String]) -> Result<Vec<OpResult>>;
 }
 
 impl<W: crate::workload::Workload> NodeControl for W {
+    fn node_id(&self, host: &str) -> Option<u64> {
+        crate::workload::Workload::node_id(self, host)
+    }
+    fn fail_disk(&self, host: &str, how: DiskFailure) -> Result<String> {
+        crate::workload::Workload::fail_disk(self, host, how)
+    }
+    fn replace_disk(&self, host: &str) -> Result<String> {
+        crate::workload::Workload::replace_disk(self, host)
+    }
+    fn disk_drops(&self, host: &str) -> Result<u64> {
+        crate::workload::Workload::disk_drops(self, host)
+    }
+    fn disks_reconciled(&self, host: &str) -> Result<usize> {
+        crate::workload::Workload::disks_reconciled(self, host)
+    }
+    fn read_through(&self, host: &str, process: u32, keys: &[String]) -> Result<Vec<OpResult>> {
+        crate::workload::Workload::read_through(self, host, process, keys)
+    }
     fn crash_node(&self, host: &str) -> Result<()> {
         crate::workload::Workload::crash_node(self, host)
     }
@@ -56,6 +81,8 @@ pub struct FaultCtx<'a> {
     pub nodes: &'a dyn NodeControl,
     /// Proxies in front of data ports (empty until a data-plane workload provides them).
     pub data_proxies: &'a [Arc<ProxyControl>],
+    /// metad's change feed, when the harness follows it.
+    pub feed: Option<&'a Feed>,
 }
 
 /// One fault: `inject` starts it, `heal` ends it; both return a line saying what they did.
@@ -72,6 +99,26 @@ pub enum OneWay {
     LeaderDeaf,
     /// Nothing the leader sends reaches the other replicas (it still hears them).
     LeaderMute,
+}
+
+/// How `disk-fail` makes a disk directory unusable. Root ignores permission bits, so
+/// "unreadable" is a read-only bind mount over the directory, made inside the sidecar's mount
+/// namespace (`ip netns exec` gives each daemon its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskFailure {
+    /// The directory and everything in it removed (a device gone, a volume unmounted).
+    Removed,
+    /// A read-only bind mount over it (a file system remounted read-only after errors).
+    ReadOnly,
+}
+
+impl std::fmt::Display for DiskFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DiskFailure::Removed => "directory removed",
+            DiskFailure::ReadOnly => "read-only bind mount",
+        })
+    }
 }
 
 /// Every fault the suite knows.
@@ -114,6 +161,14 @@ pub enum Fault {
     IndexLag { host: String },
     /// Delay added by the proxies in front of the data ports.
     DataPortLatency { delay: Duration },
+    /// A sidecar host's disk directory made unusable while the sidecar runs; the sidecar
+    /// must take that disk out alone (its objects dropped and counted). Heal: the operator's
+    /// replacement, an empty directory at the same path, and the sidecar upgraded in place
+    /// (`--takeover`) so that it opens the new disk without losing its memory.
+    DiskFail { host: String, how: DiskFailure },
+    /// kill -9 of a sidecar holding objects on its disk, restarted with the same node name,
+    /// state and disk directories: what its disk held must be readable again (warm restart).
+    SidecarRestartWarm { host: String },
     /// A client on every sidecar host sending malformed and hostile frames to the sidecars'
     /// sockets and data ports and to metad ([`crate::byzantine`]); heal stops it and fails
     /// when a daemon took what it must refuse.
@@ -141,6 +196,8 @@ impl Fault {
             Fault::IndexLag { host } => format!("index-lag-{host}"),
             Fault::DataPortLatency { delay } => format!("data-latency-{}ms", delay.as_millis()),
             Fault::ByzantineClient => "byzantine-client".into(),
+            Fault::DiskFail { host, .. } => format!("disk-fail-{host}"),
+            Fault::SidecarRestartWarm { host } => format!("sidecar-restart-warm-{host}"),
         }
     }
 
@@ -165,6 +222,8 @@ impl Fault {
             Fault::IndexLag { .. } => "index-lag",
             Fault::DataPortLatency { .. } => "data-latency",
             Fault::ByzantineClient => "byzantine-client",
+            Fault::DiskFail { .. } => "disk-fail",
+            Fault::SidecarRestartWarm { .. } => "sidecar-restart-warm",
         }
     }
 
@@ -178,6 +237,8 @@ impl Fault {
                 | Fault::ByzantineClient
                 | Fault::SidecarUpgrade { .. }
                 | Fault::IndexLag { .. }
+                | Fault::DiskFail { .. }
+                | Fault::SidecarRestartWarm { .. }
         )
     }
 
@@ -206,6 +267,8 @@ impl Fault {
                 bytes_before: 0,
             }),
             Fault::ByzantineClient => Box::new(ByzantineClient::default()),
+            Fault::DiskFail { host, how } => Box::new(DiskFail { host, how }),
+            Fault::SidecarRestartWarm { host } => Box::new(SidecarRestartWarm::new(host)),
         }
     }
 }
@@ -406,6 +469,210 @@ impl Nemesis for SidecarUpgrade {
     }
     fn heal(&mut self, _ctx: &mut FaultCtx<'_>) -> Result<String> {
         Ok("nothing to heal (the new process serves)".into())
+    }
+}
+
+struct DiskFail {
+    host: String,
+    how: DiskFailure,
+}
+
+impl Nemesis for DiskFail {
+    fn name(&self) -> String {
+        format!("disk-fail-{}", self.host)
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        ctx.nodes.fail_disk(&self.host, self.how)
+    }
+    fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        ctx.nodes.replace_disk(&self.host)
+    }
+}
+
+/// How long a restarted sidecar may take to reconcile its disks with metad.
+const RECONCILE_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the feed may take to be current before and after a warm restart.
+const FEED_CURRENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Read-back attempts of a disk object after a warm restart (250 ms apart).
+const READ_BACK_ATTEMPTS: usize = 8;
+
+struct SidecarRestartWarm {
+    host: String,
+    node: u64,
+    held: Vec<FeedObject>,
+    /// Drops the old process's disks counted while the held objects were being taken.
+    drops_while_taken: u64,
+    reconciled_before: usize,
+    killed: Option<std::time::Instant>,
+}
+
+impl SidecarRestartWarm {
+    fn new(host: String) -> Self {
+        Self {
+            host,
+            node: 0,
+            held: Vec::new(),
+            drops_while_taken: 0,
+            reconciled_before: 0,
+            killed: None,
+        }
+    }
+
+    /// Another sidecar host than this one (reads from there are remote disk reads).
+    fn reader(&self, ctx: &FaultCtx<'_>) -> Option<String> {
+        sidecar_hosts(ctx.topo)
+            .into_iter()
+            .map(|h| h.name)
+            .find(|h| *h != self.host)
+    }
+
+    /// Reads the held objects metad still lists on the node's disk through another host until
+    /// each is found or found absent; answers (found, absent, still unreadable keys).
+    fn read_back(
+        &self,
+        ctx: &FaultCtx<'_>,
+        feed: &Feed,
+    ) -> Result<(String, usize, usize, Vec<String>)> {
+        let reader = self
+            .reader(ctx)
+            .ok_or_else(|| Error::Config("no other sidecar host to read from".into()))?;
+        let mut pending: Vec<String> = self
+            .held
+            .iter()
+            .filter(|o| {
+                feed.listed(&o.key).is_some_and(|(now, replicas)| {
+                    now.version == o.version
+                        && replicas.iter().any(|r| r.node == self.node && r.is_disk())
+                })
+            })
+            .map(|o| o.key.clone())
+            .collect();
+        let (mut found, mut absent) = (0, 0);
+        for attempt in 0..READ_BACK_ATTEMPTS {
+            if pending.is_empty() {
+                break;
+            }
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            let results = ctx
+                .nodes
+                .read_through(&reader, read_back_process(&reader), &pending)?;
+            let mut again = Vec::new();
+            for (key, r) in pending.into_iter().zip(results) {
+                match r {
+                    OpResult::Ok(Reply::Found { .. }) => found += 1,
+                    OpResult::Ok(Reply::NotFound) => absent += 1,
+                    _ => again.push(key),
+                }
+            }
+            pending = again;
+        }
+        Ok((reader, found, absent, pending))
+    }
+}
+
+/// The client process id of the warm restart's read-back through `host` (`sN`): numbered as
+/// that host's clients are (`crate::checker::node_of` gives the host), past the workload's.
+pub fn read_back_process(host: &str) -> u32 {
+    let n: u32 = host.trim_start_matches('s').parse().unwrap_or(0);
+    n * 100 + 90
+}
+
+impl Nemesis for SidecarRestartWarm {
+    fn name(&self) -> String {
+        format!("sidecar-restart-warm-{}", self.host)
+    }
+    fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        let feed = ctx
+            .feed
+            .ok_or_else(|| Error::Config("the warm restart needs metad's change feed".into()))?;
+        self.node = ctx.nodes.node_id(&self.host).ok_or_else(|| {
+            Error::Cluster(format!("the sidecar of {} serves no segment", self.host))
+        })?;
+        // A warm restart of a node with nothing on disk tests nothing: wait (bounded) until
+        // metad lists objects on its disk.
+        let end = std::time::Instant::now() + crate::sidecars::HOLDING_TIMEOUT;
+        while feed.on_disks_of(self.node).is_empty() && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Drops the disks count from here on may not have reached metad (and the copy)
+        // before the kill: they are allowed beside the restarted process's own.
+        let drops_before = ctx.nodes.disk_drops(&self.host)?;
+        if !feed.wait_current(FEED_CURRENT_TIMEOUT) {
+            return Err(Error::Cluster("metad's change feed is not current".into()));
+        }
+        self.held = feed.on_disks_of(self.node);
+        self.drops_while_taken = ctx
+            .nodes
+            .disk_drops(&self.host)?
+            .saturating_sub(drops_before);
+        self.reconciled_before = ctx.nodes.disks_reconciled(&self.host)?;
+        ctx.history.event(EventKind::DiskHeld {
+            host: self.host.clone(),
+            node: self.node,
+            objects: self.held.clone(),
+        });
+        ctx.nodes.crash_node(&self.host)?;
+        self.killed = Some(std::time::Instant::now());
+        Ok(format!(
+            "kill -9 of the sidecar of {} (node {}) holding {} objects on its disk",
+            self.host,
+            self.node,
+            self.held.len()
+        ))
+    }
+    fn heal(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
+        let feed = ctx
+            .feed
+            .ok_or_else(|| Error::Config("the warm restart needs metad's change feed".into()))?;
+        ctx.nodes.restart_node(&self.host)?;
+        let down = self.killed.map(|k| k.elapsed()).unwrap_or_default();
+        let end = std::time::Instant::now() + RECONCILE_TIMEOUT;
+        while ctx.nodes.disks_reconciled(&self.host)? <= self.reconciled_before {
+            if std::time::Instant::now() > end {
+                return Err(Error::Cluster(format!(
+                    "the restarted sidecar of {} did not reconcile its disks within {RECONCILE_TIMEOUT:?}",
+                    self.host
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !feed.wait_current(FEED_CURRENT_TIMEOUT) {
+            return Err(Error::Cluster("metad's change feed is not current".into()));
+        }
+        // Down past the node TTL, metad may have declared the node dead and dropped its disk
+        // replicas (counted as dead-node drops): then every held object may have gone.
+        let past_ttl = down >= crate::cluster::NODE_TTL;
+        let dead = if past_ttl { self.held.len() as u64 } else { 0 };
+        let counted = ctx.nodes.disk_drops(&self.host)? + self.drops_while_taken + dead;
+        ctx.history.event(EventKind::WarmRestarted {
+            host: self.host.clone(),
+            node: self.node,
+            drops_counted: counted,
+        });
+        let (reader, found, absent, unreadable) = self.read_back(ctx, feed)?;
+        if !unreadable.is_empty() {
+            return Err(Error::Cluster(format!(
+                "after the warm restart of {}, metad lists {} objects on its disk that {reader} \
+                 cannot read: {unreadable:?}",
+                self.host,
+                unreadable.len()
+            )));
+        }
+        let late = if past_ttl {
+            format!(" (down {down:?}, past the node TTL: its disk objects may have been dropped)")
+        } else {
+            String::new()
+        };
+        Ok(format!(
+            "restarted after {:.1}s (node {}, same state and disk), disks reconciled{late}; of \
+             {} objects held on its disk, {found} read back through {reader}, {absent} found \
+             absent; drops counted {counted}",
+            down.as_secs_f64(),
+            self.node,
+            self.held.len()
+        ))
     }
 }
 

@@ -130,6 +130,17 @@ pub fn spawn_in(
     args: &[impl AsRef<std::ffi::OsStr>],
     log: &Path,
 ) -> Result<Child> {
+    spawn_in_env(ns, program, args, log, &[])
+}
+
+/// [`spawn_in`] with `env` set for the program.
+pub fn spawn_in_env(
+    ns: &str,
+    program: &Path,
+    args: &[impl AsRef<std::ffi::OsStr>],
+    log: &Path,
+    env: &[(String, String)],
+) -> Result<Child> {
     let log_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -141,7 +152,8 @@ pub fn spawn_in(
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(log_file);
+        .stderr(log_file)
+        .envs(env.iter().map(|(k, v)| (k, v)));
     // SAFETY: pre_exec runs in the forked child before exec; prctl is async-signal-safe.
     unsafe {
         cmd.pre_exec(|| {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::checker::{self, CheckInput, FaultWindow, Report};
 use crate::cluster::{Cluster, MetadProgram};
 use crate::error::Result;
+use crate::feed::Feed;
 use crate::history::{EventKind, History};
 use crate::nemesis::{FaultCtx, Nemesis};
 use crate::netns::{self, Host, NsRuntime, Topology};
@@ -65,6 +66,24 @@ pub struct RunOutcome {
     pub logs: String,
     /// Everything recorded (operations and events), for tests that look closer.
     pub recorded: crate::history::Recorded,
+    /// Objects the sidecars moved from memory to their disks over the run (every process),
+    /// when they have disks.
+    pub disk_offloads: Option<u64>,
+}
+
+impl RunOutcome {
+    /// Distinct objects metad's change feed listed with a replica on a disk during the run.
+    pub fn objects_listed_on_disk(&self) -> usize {
+        let mut seen = std::collections::BTreeSet::new();
+        for e in &self.recorded.events {
+            if let EventKind::Listed { object, replicas } = &e.kind {
+                if replicas.iter().any(|r| r.is_disk()) {
+                    seen.insert((object.key.clone(), object.version));
+                }
+            }
+        }
+        seen.len()
+    }
 }
 
 impl RunOutcome {
@@ -102,6 +121,8 @@ impl std::fmt::Display for RunOutcome {
 /// topology, so nothing outlives its namespace.
 pub struct Harness<W: Workload> {
     running: Option<Running>,
+    /// metad's change feed, followed when the workload's checks need it.
+    feed: Option<Feed>,
     pub workload: Arc<W>,
     preload: Option<Preload>,
     hosts: Vec<(Host, Arc<NsRuntime>)>,
@@ -132,6 +153,16 @@ impl<W: Workload> Harness<W> {
             3,
         )?;
         let workload = Arc::new(workload);
+        // Before the sidecars mount: the feed then sees every object from its first listing.
+        let feed = if workload.follows_feed() {
+            Some(Feed::start(
+                &observer,
+                cluster.admin_client()?,
+                history.clone(),
+            ))
+        } else {
+            None
+        };
         let mut hosts = Vec::new();
         for host in topo.hosts.values().filter(|h| h.name.starts_with('s')) {
             let rt = Arc::new(NsRuntime::new(&host.ns, 1)?);
@@ -162,6 +193,7 @@ impl<W: Workload> Harness<W> {
         let data_proxies = workload.data_proxies();
         Ok(Self {
             data_proxies,
+            feed,
             running: Some(running),
             workload,
             preload,
@@ -228,6 +260,7 @@ impl<W: Workload> Harness<W> {
             history: &self.history,
             nodes: &*self.workload,
             data_proxies: &self.data_proxies,
+            feed: self.feed.as_ref(),
         }
     }
 
@@ -317,6 +350,22 @@ impl<W: Workload> Harness<W> {
         }
         self.restart_exited_sidecars();
         let mut notes = self.workload.report();
+        let disk_offloads = self.workload.disk_offloads();
+        if let Some(feed) = &self.feed {
+            // Every observation must be covered by a guarantee of the feed, or the checker
+            // cannot tell what metad dropped before it.
+            if !feed.wait_current(Duration::from_secs(10)) {
+                self.errors
+                    .push("metad's change feed did not catch up with the final reads".into());
+            }
+            let (listed, on_disk) = feed.counts();
+            notes.push(format!(
+                "metad's change feed: {} messages; at the end {listed} objects listed, \
+                 {on_disk} with a disk replica; objects moved to disk by the sidecars: {}",
+                feed.messages(),
+                disk_offloads.map_or("-".into(), |n| n.to_string())
+            ));
+        }
         if let Some(p) = &self.preload {
             notes.push(format!(
                 "preloaded {} objects in {:.1}s before the first fault",
@@ -335,6 +384,10 @@ impl<W: Workload> Harness<W> {
             .count();
         let claims = status::leader_claims(&samples);
         let recorded = self.history.snapshot();
+        let workload = self.workload.clone();
+        let value_len = move |key: &str, write_id: u64| workload.value_len(key, write_id);
+        let derived = self.workload.value_len("key-000", 1).is_some();
+        let value_len = move |key: &str, write_id: u64| value_len(key, write_id).unwrap_or(0);
         let report = checker::check(&CheckInput {
             recorded: &recorded,
             claims: &claims,
@@ -343,6 +396,7 @@ impl<W: Workload> Harness<W> {
             recovery_limit: self.cfg.recovery_limit,
             node_ttl: Some(self.cfg.node_ttl),
             read_staleness: self.workload.read_staleness(),
+            value_len: derived.then_some(&value_len as checker::ValueLen<'_>),
         });
         let logs = self.cluster.log_tails(40) + &self.workload.log_tails(40);
         Ok(RunOutcome {
@@ -354,6 +408,7 @@ impl<W: Workload> Harness<W> {
             elapsed: self.started.elapsed(),
             logs,
             recorded,
+            disk_offloads,
         })
     }
 

@@ -34,7 +34,7 @@ use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,7 +45,7 @@ use regolith_test_support::bins;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::history::{EventKind, History, OpResult, ReplicaLoc, Reply};
+use crate::history::{EventKind, History, OpKind, OpResult, ReplicaLoc, Reply};
 use crate::netns::{self, Host};
 use crate::proxy::{Proxy, ProxyControl};
 use crate::status::http_get;
@@ -125,13 +125,24 @@ impl ValueSizes {
     }
 }
 
+/// Keys of the sidecar workload with its disk tier: enough that the working set (about
+/// 0.9 MiB per key with one or two replicas) is larger than the sidecars' memory
+/// ([`SidecarConfig::segment_size`]), so objects are offloaded to the disks all the time.
+pub const DISK_TIER_KEYS: usize = 64;
+
 /// Settings of the sidecar workload.
 #[derive(Clone, Debug)]
 pub struct SidecarConfig {
     pub launch: SidecarProgram,
-    /// Memory each sidecar contributes; large against keys × value size × replicas, so that
+    /// Memory each sidecar contributes. With a disk tier, smaller than the working set: metad
+    /// offloads objects to the disks above its offload watermark (the checker follows them in
+    /// metad's change feed). Without one, large against keys × value size × replicas, so that
     /// nothing is evicted (the checker can account for evictions, but they blunt it).
     pub segment_size: u64,
+    /// Each sidecar's disk tier (`--disk DIR:SIZE`, the directory in the run directory),
+    /// when set. At least 8 × the largest value: a bucket is an eighth of the disk and must
+    /// hold a whole record.
+    pub disk_size: Option<u64>,
     pub worker_threads: usize,
     /// Staging area each client asks for.
     pub staging_size: u64,
@@ -145,10 +156,20 @@ pub struct SidecarConfig {
 }
 
 impl SidecarConfig {
+    /// Without a disk tier: segments large enough that nothing is evicted.
+    pub fn memory_only(launch: SidecarProgram) -> Self {
+        Self {
+            segment_size: 96 << 20,
+            disk_size: None,
+            ..Self::new(launch)
+        }
+    }
+
     pub fn new(launch: SidecarProgram) -> Self {
         Self {
             launch,
-            segment_size: 96 << 20,
+            segment_size: 16 << 20,
+            disk_size: Some(64 << 20),
             worker_threads: 2,
             staging_size: 16 << 20,
             sizes: ValueSizes::default(),
@@ -176,6 +197,19 @@ pub struct SidecarStatus {
     pub gets: u64,
     #[serde(default)]
     pub checksum_mismatches: u64,
+    #[serde(default)]
+    pub disks: Vec<DiskStatus>,
+}
+
+/// One disk of a sidecar's `/status` (docs/ssd.md, "Operations").
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct DiskStatus {
+    pub path: String,
+    pub healthy: bool,
+    #[serde(default)]
+    pub failure: Option<String>,
+    #[serde(default)]
+    pub objects: u64,
 }
 
 pub fn parse_sidecar_status(body: &[u8]) -> std::result::Result<SidecarStatus, String> {
@@ -211,6 +245,33 @@ pub fn parse_nic_bytes(metrics: &str) -> BTreeMap<String, u64> {
         }
     }
     out
+}
+
+/// The sum of every sample of `name` (any labels), e.g. a per-disk gauge over a node's disks.
+pub fn sum_metric(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v.max(0.0) as u64)
+        .sum()
+}
+
+/// Objects a sidecar's disks dropped by themselves since it started: their own eviction,
+/// damaged records, a failed disk's objects (docs/ssd.md, "Operations").
+pub fn disk_drops(metrics: &str) -> u64 {
+    [
+        "regolith_sidecar_disk_evicted",
+        "regolith_sidecar_disk_corrupt_records",
+        "regolith_sidecar_disk_lost",
+    ]
+    .iter()
+    .map(|m| sum_metric(metrics, m))
+    .sum()
 }
 
 /// A Prometheus counter's value (first sample of `name`, any labels).
@@ -271,6 +332,13 @@ struct Node {
     log: PathBuf,
     socket: PathBuf,
     metrics_addr: String,
+    /// The directory of its disk tier, if it has one.
+    disk: Option<PathBuf>,
+    /// A read-only bind mount is over the disk directory (in the sidecar's mount namespace).
+    disk_read_only: AtomicBool,
+    /// Objects offloaded to disk by this node's earlier processes (its counter starts at 0 in
+    /// each process).
+    offloads_before: AtomicU64,
     child: Mutex<Option<Child>>,
     /// Set between a crash and the restart: clients fail at once.
     down: AtomicBool,
@@ -285,7 +353,13 @@ struct Node {
 
 impl Node {
     fn spawn(&self) -> Result<()> {
-        let child = netns::spawn_in(&self.host.ns, &self.launch.program, &self.args, &self.log)?;
+        let child = netns::spawn_in_env(
+            &self.host.ns,
+            &self.launch.program,
+            &self.args,
+            &self.log,
+            &sidecar_env(),
+        )?;
         tracing::info!(host = %self.host.name, pid = child.id(), "sidecar started");
         *self.child.lock() = Some(child);
         Ok(())
@@ -385,6 +459,77 @@ impl Node {
             .map_err(|e| Error::Cluster(format!("task on {}: {e}", self.host.name)))
     }
 
+    fn pid(&self) -> Option<u32> {
+        self.child.lock().as_ref().map(|c| c.id())
+    }
+
+    /// The sidecar's first disk in `/status` (the harness gives each sidecar one).
+    fn disk_status(&self) -> Result<DiskStatus> {
+        let addr = self.metrics_addr.clone();
+        let st = self
+            .on_host(Node::status(addr))?
+            .map_err(|e| Error::Cluster(format!("{}: /status: {e}", self.host.name)))?;
+        st.disks
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Cluster(format!("{}: /status lists no disk", self.host.name)))
+    }
+
+    /// Waits until the sidecar's disk is (or is no longer) in service.
+    fn wait_disk(&self, healthy: bool, timeout: Duration) -> Result<DiskStatus> {
+        let end = Instant::now() + timeout;
+        loop {
+            let d = self.disk_status();
+            if let Ok(d) = &d {
+                if d.healthy == healthy {
+                    return Ok(d.clone());
+                }
+            }
+            if Instant::now() > end {
+                let state = if healthy {
+                    "back in service"
+                } else {
+                    "taken out"
+                };
+                return Err(Error::Cluster(format!(
+                    "the disk of {} was not {state} within {timeout:?} (last: {d:?})",
+                    self.host.name
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Adds the running process's offload counter to the node's total (before it goes).
+    fn keep_offloads(&self) {
+        if let Ok(m) = self.metrics_text() {
+            let n = parse_metric(&m, "regolith_sidecar_disk_offloads_total").unwrap_or(0);
+            self.offloads_before.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Runs `args` inside the running sidecar's mount namespace (where its disk is seen).
+    fn in_mount_ns(&self, args: &[&str]) -> Result<()> {
+        let pid = self.pid().ok_or_else(|| {
+            Error::Cluster(format!("the sidecar of {} is not running", self.host.name))
+        })?;
+        let out = std::process::Command::new("nsenter")
+            .arg("--target")
+            .arg(pid.to_string())
+            .arg("--mount")
+            .arg("--")
+            .args(args)
+            .output()
+            .map_err(|e| Error::io("nsenter", e))?;
+        if !out.status.success() {
+            return Err(Error::Cluster(format!(
+                "nsenter -t {pid} -m {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
     fn metrics_text(&self) -> Result<String> {
         let addr = self.metrics_addr.clone();
         match self
@@ -470,6 +615,22 @@ impl Node {
     }
 }
 
+/// The line a sidecar logs once its disks are reconciled with metad (after every start with
+/// disks); the warm restart waits for it.
+const RECONCILED_LINE: &str = "disk tier reconciled with metad";
+
+/// The sidecars' environment: a `RUST_LOG` given to the run (which replaces the sidecar's own
+/// levels) still logs [`RECONCILED_LINE`] (target `regolith_sidecar::offload`, info).
+fn sidecar_env() -> Vec<(String, String)> {
+    match std::env::var("RUST_LOG") {
+        Ok(f) if !f.trim().is_empty() => vec![(
+            "RUST_LOG".into(),
+            format!("{f},regolith_sidecar::offload=info"),
+        )],
+        _ => Vec::new(),
+    }
+}
+
 /// Blocks on a task of `rt` from a thread outside it (the task runs on the runtime's threads).
 fn futures_block_on<T: Send + 'static>(
     rt: &tokio::runtime::Handle,
@@ -486,6 +647,12 @@ fn log_tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// The directory of `host`'s disk tier in the run directory, when the sidecars have one.
+fn disk_dir(cfg: &SidecarConfig, ctx: &HostCtx) -> Option<PathBuf> {
+    cfg.disk_size
+        .map(|_| ctx.run_dir.join(format!("sidecar-{}-disk", ctx.host.name)))
+}
+
 /// The sidecar of `host`.
 fn sidecar_launch(
     cfg: &SidecarConfig,
@@ -494,6 +661,11 @@ fn sidecar_launch(
     metrics: &str,
 ) -> SidecarLaunch {
     let host = &ctx.host;
+    let mut extra: Vec<OsString> = cfg.launch.extra_args.iter().map(Into::into).collect();
+    if let (Some(dir), Some(size)) = (disk_dir(cfg, ctx), cfg.disk_size) {
+        extra.push("--disk".into());
+        extra.push(format!("{}:{size}", dir.display()).into());
+    }
     SidecarLaunch {
         node_name: Some(host.name.clone()),
         state_dir: Some(ctx.run_dir.join(format!("sidecar-{}-state", host.name))),
@@ -507,7 +679,7 @@ fn sidecar_launch(
         huge_pages: Some("never".into()),
         test_hooks: true,
         nics: host.nics.iter().map(|nic| nic.addr.to_string()).collect(),
-        extra: cfg.launch.extra_args.iter().map(Into::into).collect(),
+        extra,
         ..SidecarLaunch::default()
     }
 }
@@ -621,6 +793,9 @@ impl Workload for SidecarWorkload {
             log: ctx.run_dir.join(format!("sidecar-{}.log", host.name)),
             socket,
             metrics_addr,
+            disk: disk_dir(&self.cfg, &ctx),
+            disk_read_only: AtomicBool::new(false),
+            offloads_before: AtomicU64::new(0),
             child: Mutex::new(None),
             down: AtomicBool::new(false),
             segment: Mutex::new(None),
@@ -660,6 +835,7 @@ impl Workload for SidecarWorkload {
 
     fn crash_node(&self, host: &str) -> Result<()> {
         let node = self.node(host)?;
+        node.keep_offloads();
         node.down.store(true, Ordering::Relaxed);
         if !node.kill() {
             return Err(Error::Cluster(format!(
@@ -715,9 +891,16 @@ impl Workload for SidecarWorkload {
         let before = node.segment().ok_or_else(|| {
             Error::Cluster(format!("the sidecar of {host} serves no segment yet"))
         })?;
+        node.keep_offloads();
         let mut args = node.args.clone();
         args.push("--takeover".into());
-        let new = netns::spawn_in(&node.host.ns, &node.launch.program, &args, &node.log)?;
+        let new = netns::spawn_in_env(
+            &node.host.ns,
+            &node.launch.program,
+            &args,
+            &node.log,
+            &sidecar_env(),
+        )?;
         let new_pid = new.id();
         // The new process is the node's from now on; the old one must exit 0 by itself once
         // it handed over.
@@ -765,8 +948,17 @@ impl Workload for SidecarWorkload {
             generation = loc.generation,
             "sidecar upgraded"
         );
+        // A hand-over does not carry the disks yet (docs/ssd.md): the successor cannot open
+        // a disk its predecessor still holds, serves without it, and metad drops what it held.
+        let disk = match node.disk.as_ref().map(|_| node.disk_status()) {
+            Some(Ok(d)) if !d.healthy => format!(
+                "; its disk did not come along ({})",
+                d.failure.unwrap_or_default()
+            ),
+            _ => String::new(),
+        };
         Ok(format!(
-            "sidecar of {host} upgraded (pid {new_pid}), still generation {}",
+            "sidecar of {host} upgraded (pid {new_pid}), still generation {}{disk}",
             loc.generation
         ))
     }
@@ -809,7 +1001,146 @@ impl Workload for SidecarWorkload {
     fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
     }
+
+    fn value_len(&self, key: &str, write_id: u64) -> Option<u64> {
+        Some(self.cfg.sizes.len_of(key, write_id) as u64)
+    }
+
+    /// With disks, objects move after their put: the checker follows them in the feed.
+    fn follows_feed(&self) -> bool {
+        self.cfg.disk_size.is_some()
+    }
+
+    fn node_id(&self, host: &str) -> Option<u64> {
+        self.node(host).ok()?.segment().map(|s| s.node)
+    }
+
+    fn fail_disk(&self, host: &str, how: crate::nemesis::DiskFailure) -> Result<String> {
+        use crate::nemesis::DiskFailure;
+        let node = self.node(host)?;
+        let dir = node
+            .disk
+            .clone()
+            .ok_or_else(|| Error::Config(format!("the sidecar of {host} has no disk tier")))?;
+        // A disk failure that loses nothing tests nothing: wait (bounded) until it holds objects.
+        let end = Instant::now() + HOLDING_TIMEOUT;
+        let mut before = node.disk_status()?;
+        while before.healthy && before.objects == 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(100));
+            before = node.disk_status()?;
+        }
+        let d = dir.display().to_string();
+        match how {
+            DiskFailure::Removed => {
+                std::fs::remove_dir_all(&dir).map_err(|e| Error::io(format!("remove {d}"), e))?
+            }
+            DiskFailure::ReadOnly => {
+                node.in_mount_ns(&["mount", "--bind", &d, &d])?;
+                node.disk_read_only.store(true, Ordering::Relaxed);
+                node.in_mount_ns(&["mount", "-o", "remount,bind,ro", &d])?;
+            }
+        }
+        let t0 = Instant::now();
+        // The sidecar probes its disks every 5 s.
+        let after = node.wait_disk(false, Duration::from_secs(15))?;
+        let lost = node
+            .metrics_text()
+            .map(|m| sum_metric(&m, "regolith_sidecar_disk_lost"))
+            .unwrap_or(0);
+        let was = if before.healthy {
+            String::new()
+        } else {
+            format!(" (it was out of service already: {:?})", before.failure)
+        };
+        Ok(format!(
+            "{how}: {d} of {host}, {} objects on it{was}; taken out after {:.1}s ({}); \
+             {lost} objects lost with it",
+            before.objects,
+            t0.elapsed().as_secs_f64(),
+            after.failure.unwrap_or_default()
+        ))
+    }
+
+    /// What an operator does: replaces the device (an empty directory at the same path), then
+    /// upgrades the sidecar in place (`--takeover`, the hand-over of docs/sidecar.md) so that
+    /// the new process opens the new disk while keeping the node's memory and generation — a
+    /// plain restart would lose the node's memory, a SIGTERM unmounts it and drops the cache.
+    fn replace_disk(&self, host: &str) -> Result<String> {
+        let node = self.node(host)?;
+        let dir = node
+            .disk
+            .clone()
+            .ok_or_else(|| Error::Config(format!("the sidecar of {host} has no disk tier")))?;
+        let d = dir.display().to_string();
+        if node.disk_read_only.swap(false, Ordering::Relaxed) {
+            node.in_mount_ns(&["umount", &d])?;
+        }
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| Error::io(format!("remove {d}"), e))?;
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("create {d}"), e))?;
+        let upgraded = Workload::upgrade_node(self, host)?;
+        let disk = node.wait_disk(true, Duration::from_secs(10))?;
+        Ok(format!(
+            "an empty disk at {d}; {upgraded}; the new disk is in service ({} objects)",
+            disk.objects
+        ))
+    }
+
+    fn disk_drops(&self, host: &str) -> Result<u64> {
+        Ok(disk_drops(&self.node(host)?.metrics_text()?))
+    }
+
+    fn disks_reconciled(&self, host: &str) -> Result<usize> {
+        let node = self.node(host)?;
+        let text = std::fs::read_to_string(&node.log)
+            .map_err(|e| Error::io(node.log.display().to_string(), e))?;
+        Ok(text.lines().filter(|l| l.contains(RECONCILED_LINE)).count())
+    }
+
+    fn read_through(&self, host: &str, process: u32, keys: &[String]) -> Result<Vec<OpResult>> {
+        let node = self.node(host)?;
+        let client = self.client(host, process)?;
+        let history = node.history.clone();
+        let keys = keys.to_vec();
+        node.on_host(async move {
+            let mut out = Vec::with_capacity(keys.len());
+            for key in keys {
+                let r = history
+                    .record(process, &key, OpKind::Get, async {
+                        crate::workload::run_op(&client, &key, &OpKind::Get, READ_TIMEOUT).await
+                    })
+                    .await;
+                out.push(r);
+            }
+            out
+        })
+    }
+
+    fn disk_offloads(&self) -> Option<u64> {
+        self.cfg.disk_size?;
+        let nodes: Vec<Arc<Node>> = self.nodes.lock().values().cloned().collect();
+        Some(
+            nodes
+                .iter()
+                .map(|n| {
+                    let now = n
+                        .metrics_text()
+                        .ok()
+                        .and_then(|m| parse_metric(&m, "regolith_sidecar_disk_offloads_total"))
+                        .unwrap_or(0);
+                    n.offloads_before.load(Ordering::Relaxed) + now
+                })
+                .sum(),
+        )
+    }
 }
+
+/// How long a disk fault waits for its disk to hold objects.
+pub const HOLDING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long one get of the harness's own reads may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// One line about a sidecar at the end of the run.
 fn node_report(n: &Node) -> String {
@@ -1083,6 +1414,9 @@ mod tests {
             log: PathBuf::from("/nonexistent"),
             socket: PathBuf::from("/nonexistent"),
             metrics_addr: String::new(),
+            disk: None,
+            disk_read_only: AtomicBool::new(false),
+            offloads_before: AtomicU64::new(0),
             child: Mutex::new(None),
             down: AtomicBool::new(false),
             segment: Mutex::new(None),

@@ -134,6 +134,72 @@ pub trait Workload: Send + Sync + 'static {
 
     /// Stops background tasks (heartbeats) at the end of the run.
     fn stop(&self) {}
+
+    /// The size of the value a put of `(key, write id)` writes, when the workload derives it
+    /// (the checker matches puts to the objects metad's change feed lists).
+    fn value_len(&self, _key: &str, _write_id: u64) -> Option<u64> {
+        None
+    }
+
+    /// Whether the checker needs metad's change feed (objects move between tiers after their
+    /// put): the harness then follows it ([`crate::feed`]).
+    fn follows_feed(&self) -> bool {
+        false
+    }
+
+    /// The node id of `host`'s sidecar, once it serves.
+    fn node_id(&self, _host: &str) -> Option<u64> {
+        None
+    }
+
+    /// Makes `host`'s disk directory unusable while its sidecar runs; returns what happened
+    /// once the sidecar took the disk out.
+    fn fail_disk(&self, host: &str, _how: crate::nemesis::DiskFailure) -> Result<String> {
+        Err(Error::Config(format!(
+            "workload {} has no disk tier on {host}",
+            self.name()
+        )))
+    }
+
+    /// Gives `host`'s sidecar a usable, empty disk again (see the implementation).
+    fn replace_disk(&self, host: &str) -> Result<String> {
+        Err(Error::Config(format!(
+            "workload {} has no disk tier on {host}",
+            self.name()
+        )))
+    }
+
+    /// Objects the disks of `host`'s running sidecar dropped by themselves since it started
+    /// (their eviction, damaged records, a failed disk).
+    fn disk_drops(&self, host: &str) -> Result<u64> {
+        Err(Error::Config(format!(
+            "workload {} has no disk tier on {host}",
+            self.name()
+        )))
+    }
+
+    /// How many times a sidecar of `host` has reconciled its disks with metad (once per
+    /// start with disks).
+    fn disks_reconciled(&self, host: &str) -> Result<usize> {
+        Err(Error::Config(format!(
+            "workload {} has no disk tier on {host}",
+            self.name()
+        )))
+    }
+
+    /// Gets `keys` through `host`'s sidecar as client `process`, each recorded in the history.
+    fn read_through(&self, host: &str, _process: u32, _keys: &[String]) -> Result<Vec<OpResult>> {
+        Err(Error::Config(format!(
+            "workload {} cannot read through {host}",
+            self.name()
+        )))
+    }
+
+    /// Objects the sidecars moved from memory to disk over the run (every process of every
+    /// node), when they have disks.
+    fn disk_offloads(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The shape of the load.

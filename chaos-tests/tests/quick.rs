@@ -267,7 +267,9 @@ fn one_profile_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// The quick profile: every fault once, a few seconds each, against real sidecars (values of
-/// a few KiB to a few MiB over the data plane).
+/// a few KiB to a few MiB over the data plane) with disk tiers: the working set is larger
+/// than the sidecars' memory, so objects move to their disks throughout, and the disk faults
+/// (`disk-fail`, `sidecar-restart-warm`) meet disks that hold objects.
 #[test]
 fn quick_profile() {
     init_logs();
@@ -275,6 +277,7 @@ fn quick_profile() {
     let seed = seed();
     let mut cfg = HarnessConfig::new(MetadProgram::built());
     cfg.workload.seed = seed;
+    cfg.workload.keys = regolith_chaos::sidecars::DISK_TIER_KEYS;
     let steps = schedule::quick(seed, true);
     let started = Instant::now();
     let workload = SidecarWorkload::new(SidecarConfig::new(SidecarProgram::built()));
@@ -289,6 +292,26 @@ fn quick_profile() {
         total > 500,
         "too little load to mean anything: {total} operations"
     );
+    // The disks were used: the sidecars moved objects to them and metad listed them there.
+    let offloads = outcome.disk_offloads.expect("the sidecars have disks");
+    let on_disk = outcome.objects_listed_on_disk();
+    assert!(
+        offloads > 0 && on_disk > 0,
+        "no object reached a disk (offloads {offloads}, listed on a disk {on_disk}):\n{outcome}"
+    );
+    // The warm restart killed a sidecar that held objects on its disk, and the disk failure
+    // took a disk out that held some.
+    let held = outcome
+        .recorded
+        .events
+        .iter()
+        .find_map(|e| match &e.kind {
+            EventKind::DiskHeld { objects, .. } => Some(objects.len()),
+            _ => None,
+        })
+        .expect("the warm restart ran");
+    assert!(held > 0, "the warm restart's node held nothing on its disk");
+    assert_eq!(outcome.report.warm_restarts.len(), 1, "{outcome}");
 }
 
 /// The metadata faults once more with the metad-only workload, for the two checks only it can

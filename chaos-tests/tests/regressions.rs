@@ -38,7 +38,8 @@ impl Rig {
         let history = History::new();
         let cluster =
             Cluster::start(&topo, MetadProgram::built(), observer, history.clone(), 3).unwrap();
-        let workload = Arc::new(SidecarWorkload::new(SidecarConfig::new(
+        // Memory only: these regressions are about commits and removes, not tiers.
+        let workload = Arc::new(SidecarWorkload::new(SidecarConfig::memory_only(
             SidecarProgram::built(),
         )));
         let mut runtimes = Vec::new();

@@ -31,9 +31,10 @@ struct Args {
     /// Run the quick profile (every fault once) instead.
     #[arg(long)]
     quick: bool,
-    /// Keys in the key space.
-    #[arg(long, default_value_t = 40)]
-    keys: usize,
+    /// Keys in the key space (default: 64 with real sidecars, whose working set must exceed
+    /// their memory so that objects move to their disks; 40 with metad only).
+    #[arg(long)]
+    keys: Option<usize>,
     /// Clients per sidecar host.
     #[arg(long, default_value_t = 2)]
     clients: usize,
@@ -78,10 +79,14 @@ fn main() -> ExitCode {
         .map_or_else(MetadProgram::built, MetadProgram::new);
     let mut cfg = HarnessConfig::new(metad);
     cfg.workload.seed = args.seed;
-    cfg.workload.keys = args.keys;
     cfg.workload.clients_per_host = args.clients;
     cfg.preload = args.preload;
     let data_plane = args.workload == "sidecar";
+    cfg.workload.keys = args.keys.unwrap_or(if data_plane {
+        regolith_chaos::sidecars::DISK_TIER_KEYS
+    } else {
+        cfg.workload.keys
+    });
     if data_plane && args.preload > 0 {
         // Real sidecars mount small segments: the pool's eviction would take preloaded objects.
         eprintln!("regolith-chaos: --preload needs --workload metad-only");
