@@ -544,6 +544,10 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // A failing test shows what the daemons said (REGOLITH_E2E_LOGS=1 to see them).
+        if std::thread::panicking() && std::env::var_os("REGOLITH_E2E_LOGS").is_some() {
+            self.dump_logs();
+        }
         for s in &mut self.sidecars {
             s.proc.kill();
         }

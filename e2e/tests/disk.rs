@@ -314,3 +314,170 @@ fn the_restart_bench_kills_and_restarts_a_node_and_reads_its_disk_back() {
         "node-a's log names both: {r}"
     );
 }
+
+/// Where metad places `key`: (memory replicas, disk replicas), by node name.
+fn tiers_of(c: &Cluster, key: &str) -> (Vec<String>, Vec<String>) {
+    let metad = c.metad_client();
+    let r = regolith_e2e::rt()
+        .block_on(metad.batch_get(vec![key.to_string()], 0))
+        .expect("placements");
+    let mut mem = Vec::new();
+    let mut disk = Vec::new();
+    for rep in r.items.first().map(|p| p.replicas.clone()).unwrap_or_default() {
+        if regolith_proto::disk_tier::is_disk_generation(rep.generation) {
+            disk.push(rep.node_name);
+        } else {
+            mem.push(rep.node_name);
+        }
+    }
+    (mem, disk)
+}
+
+/// A node with a 16 MiB segment and a disk, and a consumer node; `N` objects of 1 MiB put on
+/// the first through the second, offloaded as memory fills. Answers the cluster and the keys
+/// whose objects are on the disk only.
+fn offloaded_cluster(metad_extra: &[&str], n: usize) -> (Cluster, PathBuf, Vec<String>) {
+    let mut c = Cluster::start_with(&["16MiB", "0"], metad_extra, &[]);
+    let disk = c.dir.path().join("disk-a");
+    c.sidecars[0].proc.kill();
+    c.sidecars[0].extra = vec!["--disk".into(), format!("{}:256MiB", disk.display())];
+    c.start_sidecar(0);
+    c.wait_sidecar(0, Duration::from_secs(20));
+    let b = c.client(1);
+    let on_a = ReplicateConfig {
+        preferred_segments: vec!["node-a".into()],
+        ..Default::default()
+    };
+    for i in 0..n {
+        let k = format!("chunk-{i:03}");
+        let mut tries = 0;
+        while let Err(e) = b.put(&k, &value(&k, 1 << 20), &on_a) {
+            tries += 1;
+            assert!(tries < 50, "{k}: {e}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut disk_only = Vec::new();
+    wait_until("objects only on node-a's disk", Duration::from_secs(20), || {
+        disk_only = (0..n)
+            .map(|i| format!("chunk-{i:03}"))
+            .filter(|k| {
+                let (mem, disk) = tiers_of(&c, k);
+                mem.is_empty() && disk == ["node-a"]
+            })
+            .collect();
+        disk_only.len() >= 4
+    });
+    (c, disk, disk_only)
+}
+
+/// Promotion on a hit: once the pool has room again, a get of an object held only on disk —
+/// through the node that owns the disk or through another — copies it back into the owner's
+/// memory, keeping the disk copy; the next reads come from memory, and every read returns the
+/// bytes put. Off (`--promote-on-hit=false`), hits stay on disk.
+#[test]
+fn a_disk_hit_is_promoted_back_to_memory_when_the_pool_has_room() {
+    let (c, disk, disk_only) = offloaded_cluster(&[], 20);
+    let (a, b) = (c.client(0), c.client(1));
+    // Make room: every object still in memory goes.
+    for i in 0..20 {
+        let k = format!("chunk-{i:03}");
+        if !disk_only.contains(&k) {
+            // Some may have been evicted already.
+            let _ = b.remove(&k);
+        }
+    }
+    let reads = || {
+        metric(
+            &c.sidecar_metrics(0),
+            &format!("regolith_sidecar_disk_reads{{disk=\"{}\"}}", disk.display()),
+        )
+        .unwrap_or(0.0)
+    };
+    for (client, who, k) in [(&b, "remote", &disk_only[0]), (&a, "local", &disk_only[1])] {
+        // Hits until the pool has room (the removed objects' extents wait for the read
+        // leases this test's placement checks took).
+        wait_until(&format!("{who} hit {k} promoted"), Duration::from_secs(15), || {
+            assert!(client.get(k).unwrap() == value(k, 1 << 20), "{who}: {k}");
+            std::thread::sleep(Duration::from_millis(200));
+            tiers_of(&c, k) == (vec!["node-a".to_string()], vec!["node-a".to_string()])
+        });
+        let before = reads();
+        for _ in 0..3 {
+            assert!(client.get(k).unwrap() == value(k, 1 << 20), "{who}: {k}");
+        }
+        assert_eq!(reads(), before, "{who}: reads of a promoted object touch no disk");
+    }
+    let promoted = metric(
+        &c.sidecar_metrics(0),
+        "regolith_sidecar_disk_promotions_total",
+    )
+    .unwrap_or(0.0);
+    assert!(promoted >= 2.0, "{promoted} promotions");
+    drop((a, b, c));
+
+    let (c, disk, disk_only) = offloaded_cluster(&["--promote-on-hit=false"], 20);
+    let b = c.client(1);
+    for i in 0..20 {
+        let k = format!("chunk-{i:03}");
+        if !disk_only.contains(&k) {
+            // Some may have been evicted already.
+            let _ = b.remove(&k);
+        }
+    }
+    let k = &disk_only[0];
+    for _ in 0..3 {
+        assert!(b.get(k).unwrap() == value(k, 1 << 20));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(tiers_of(&c, k), (vec![], vec!["node-a".to_string()]));
+    let reads = metric(
+        &c.sidecar_metrics(0),
+        &format!("regolith_sidecar_disk_reads{{disk=\"{}\"}}", disk.display()),
+    )
+    .unwrap_or(0.0);
+    assert!(reads >= 3.0, "every hit read the disk: {reads}");
+}
+
+/// Write-through (`metad --write-through`): every put also lands on the disk of the node that
+/// holds it, its memory copy kept, with no memory pressure at all; after a `kill -9` and a
+/// restart of that node (its memory gone) every object is still readable, from the disk.
+#[test]
+fn write_through_copies_every_put_to_disk_and_a_restart_loses_none() {
+    let mut c = Cluster::start_with(&["64MiB", "0"], &["--write-through"], &[]);
+    let disk = c.dir.path().join("disk-a");
+    c.sidecars[0].proc.kill();
+    c.sidecars[0].extra = vec!["--disk".into(), format!("{}:256MiB", disk.display())];
+    c.start_sidecar(0);
+    c.wait_sidecar(0, Duration::from_secs(20));
+    let b = c.client(1);
+    let on_a = ReplicateConfig {
+        preferred_segments: vec!["node-a".into()],
+        ..Default::default()
+    };
+    const N: usize = 8;
+    let key = |i: usize| format!("wt-{i}");
+    // The heartbeat that reports the disk comes before any copy can be ordered.
+    wait_until("node-a's disk reported", Duration::from_secs(10), || {
+        c.sidecar_status(0)["disks"][0]["healthy"] == true
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    for i in 0..N {
+        b.put(&key(i), &value(&key(i), 256 << 10), &on_a).unwrap();
+    }
+    wait_until("every put copied to disk", Duration::from_secs(15), || {
+        (0..N).all(|i| {
+            tiers_of(&c, &key(i)) == (vec!["node-a".to_string()], vec!["node-a".to_string()])
+        })
+    });
+    assert_eq!(disk_objects(&c, 0), N as u64);
+    drop(b);
+    c.sidecars[0].proc.kill();
+    c.start_sidecar(0);
+    c.wait_sidecar(0, Duration::from_secs(20));
+    let b = c.client(1);
+    wait_until("every object readable after the restart", Duration::from_secs(20), || {
+        (0..N).all(|i| b.get(&key(i)).is_ok_and(|v| v == value(&key(i), 256 << 10)))
+    });
+}

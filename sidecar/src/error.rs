@@ -52,6 +52,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A disk replica's record is no longer on this node's disks (its disk evicted or lost
+    /// it; metad drops the replica once told).
+    #[error("no record of version {version} on this node's disks")]
+    DiskRecordGone { version: String },
     #[error("peer {peer}: handshake failed: {reason}")]
     Handshake { peer: SocketAddr, reason: String },
     #[error("peer {peer}: protocol violation: {reason}")]

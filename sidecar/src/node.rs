@@ -193,6 +193,7 @@ impl Sidecar {
             disks: self.disks.numbered().count() as u32,
             disk_capacity,
             disk_used,
+            disk_max_object: crate::disk::tier::max_object(&self.disks),
         };
         let reply = match self.hb_client.heartbeat(req).await {
             Ok((r, _)) => r,

@@ -250,6 +250,7 @@ pub fn heartbeat(req: &pb::HeartbeatRequest) -> Heartbeat {
             disks: req.disks,
             capacity: req.disk_capacity,
             used: req.disk_used,
+            max_object: req.disk_max_object,
         },
     }
 }

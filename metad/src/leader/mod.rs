@@ -521,7 +521,11 @@ impl Leader {
             .map(|k| {
                 let obj = sm.touch_object(k, access)?.clone();
                 self.leases.grant(obj.version, k, until);
-                self.promote_on_hit(sm, k, &obj, now);
+                // A node's read is a hit; a tool asking metad directly (no requester) only
+                // looks.
+                if requester != 0 {
+                    self.promote_on_hit(sm, k, &obj, now);
+                }
                 let mut replicas: Vec<PlacedReplica> = obj
                     .replicas
                     .to_vec()
@@ -822,7 +826,11 @@ impl Leader {
             need,
             self.access_floor,
             &self.evicting,
-            |k, o| offloads.is_ordered(k) || offloads.target(sm, o).is_none(),
+            |k, o| {
+                offloads.is_ordered(k)
+                    || offloads.backing_off(k, now.mono_ms)
+                    || offloads.target(sm, o).is_none()
+            },
         );
         self.offloads.cursor = p.cursor;
         let mut n = 0;
@@ -901,7 +909,11 @@ impl Leader {
         let leases = &self.leases;
         let offloads = &self.offloads;
         let now_ms = now.mono_ms;
-        // Objects only on disk free no memory; objects being offloaded soon free theirs.
+        // Objects only on disk free no memory; objects being offloaded soon free theirs,
+        // unless a reservation needs the space now (a put must not fail because offload is
+        // slower than the puts: the object is dropped, and its move, when reported, finds
+        // it gone).
+        let spare_ordered = extra == 0;
         let p = eviction::plan(
             sm,
             self.evict_cursor,
@@ -909,7 +921,9 @@ impl Leader {
             self.access_floor,
             &self.evicting,
             |k, o| {
-                leases.active(&o.version, now_ms) || o.footprint() == 0 || offloads.is_ordered(k)
+                leases.active(&o.version, now_ms)
+                    || o.footprint() == 0
+                    || (spare_ordered && offloads.is_ordered(k))
             },
         );
         self.evict_cursor = p.cursor;

@@ -24,6 +24,8 @@ use crate::types::{Extent, NodeId, Object, SegmentId, Version};
 
 /// How long an order may stay unreported before its key may be ordered again.
 pub const ORDER_TTL_MS: u64 = 30_000;
+/// How long an order the node could not carry out waits before its key is ordered again.
+pub const FAILED_BACKOFF_MS: u64 = 30_000;
 /// Orders handed to a node in one heartbeat reply, at most.
 pub const ORDERS_PER_REPLY: usize = 4096;
 
@@ -33,6 +35,14 @@ pub struct DiskTier {
     pub disks: u32,
     pub capacity: u64,
     pub used: u64,
+    /// The largest object its disks can hold (0: not said).
+    pub max_object: u64,
+}
+
+impl DiskTier {
+    fn holds(&self, size: u64) -> bool {
+        self.max_object == 0 || size <= self.max_object
+    }
 }
 
 /// One object for a node to copy from its memory to its disk tier.
@@ -79,6 +89,9 @@ pub struct Offloads {
     promotions: HashMap<NodeId, Vec<Promotion>>,
     /// Key → the reservation of its promotion in progress.
     promoting: HashMap<String, Version>,
+    /// Keys whose last order failed → when they may be ordered again (an order that cannot
+    /// succeed, say an object larger than any disk, is not given again every tick).
+    backoff: HashMap<String, u64>,
 }
 
 impl Offloads {
@@ -106,8 +119,21 @@ impl Offloads {
         self.in_flight_bytes
     }
 
+    /// The order for `key` was not carried out: it is not given again for a while.
+    pub fn failed(&mut self, key: &str, now_ms: u64) {
+        self.reported(key);
+        self.backoff
+            .insert(key.to_string(), now_ms.saturating_add(FAILED_BACKOFF_MS));
+    }
+
+    /// Whether `key` may not be ordered yet (its last order failed recently).
+    pub fn backing_off(&self, key: &str, now_ms: u64) -> bool {
+        self.backoff.get(key).is_some_and(|t| *t > now_ms)
+    }
+
     /// Orders past their time may be given again.
     pub fn expire(&mut self, now_ms: u64) {
+        self.backoff.retain(|_, t| *t > now_ms);
         let mut freed = 0;
         self.in_flight.retain(|_, (_, until, b)| {
             let keep = *until > now_ms;
@@ -133,7 +159,9 @@ impl Offloads {
             let seg = p.segment();
             let node = seg.node;
             let current = sm.node_segment(node).map(|s| s.id) == Some(seg);
-            (!p.is_disk() && current && self.tiers.contains_key(&node)).then_some(seg)
+            let fits = self.tiers.get(&node).is_some_and(|t| t.holds(o.size))
+                || o.replicas.disk_on(node).is_some();
+            (!p.is_disk() && current && fits).then_some(seg)
         })
     }
 
@@ -176,7 +204,7 @@ impl Offloads {
             .segments()
             .filter(|s| {
                 !s.is_disk()
-                    && self.tiers.contains_key(&s.node)
+                    && self.tiers.get(&s.node).is_some_and(|t| t.holds(o.size))
                     && o.replicas.disk_on(s.node).is_none()
             })
             .collect();

@@ -534,6 +534,7 @@ fn heartbeat_with_disk(core: &mut Core, now: Now) -> Vec<offload::Order> {
                     disks: 1,
                     capacity: 64 << 20,
                     used: 0,
+                    max_object: 0,
                 },
                 ..Default::default()
             },
@@ -702,6 +703,7 @@ fn promotions(core: &mut Core, now: Now) -> Vec<offload::Promotion> {
                 disks: 1,
                 capacity: 64 << 20,
                 used: 4096,
+                max_object: 0,
             },
             ..Default::default()
         },
@@ -712,7 +714,8 @@ fn promotions(core: &mut Core, now: Now) -> Vec<offload::Promotion> {
 
 fn get(core: &mut Core, key: &str, now: Now) -> Option<Placement> {
     let (l, sm) = core.leader_parts().unwrap();
-    l.get(sm, &[key.to_string()], 0, now).pop().flatten()
+    let reader = sm.segments().next().map_or(0, |s| s.id.node);
+    l.get(sm, &[key.to_string()], reader, now).pop().flatten()
 }
 
 #[test]
@@ -824,6 +827,17 @@ fn objects_with_a_disk_copy_are_offloaded_by_freeing_memory_without_a_copy_order
 }
 
 #[test]
+fn a_placement_asked_for_by_no_node_promotes_nothing() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = disk_only(CacheConfig::default(), "k", t0);
+    let (l, sm) = core.leader_parts().unwrap();
+    assert!(l.get(sm, &["k".to_string()], 0, t0)[0].is_some());
+    assert!(promotions(&mut core, t0).is_empty());
+    get(&mut core, "k", t0).expect("found");
+    assert_eq!(promotions(&mut core, t0).len(), 1);
+}
+
+#[test]
 fn no_promotion_when_it_is_off_or_the_pool_has_no_room() {
     let t0 = at(1_000, 1_700_000_000_000);
     let off = CacheConfig {
@@ -913,4 +927,105 @@ fn a_promotion_the_node_could_not_carry_out_is_quarantined_then_released() {
     heartbeat_with_disk(&mut core, t1);
     get(&mut core, "k", t1).expect("found");
     assert_eq!(promotions(&mut core, t1).len(), 1);
+}
+
+#[test]
+fn objects_a_disk_cannot_hold_are_not_ordered_and_failed_orders_wait_before_another() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    let seg = core.sm().segments().next().unwrap().id;
+    let tier = |max_object| offload::DiskTier {
+        disks: 1,
+        capacity: 64 << 20,
+        used: 0,
+        max_object,
+    };
+    let beat = |core: &mut Core, max_object, now| {
+        let (l, sm) = core.leader_parts().unwrap();
+        l.heartbeat(
+            sm,
+            &Heartbeat {
+                segment: seg,
+                disk: tier(max_object),
+                ..Default::default()
+            },
+            now,
+        )
+        .offload
+    };
+    beat(&mut core, 2048, t0);
+    for i in 0..220 {
+        put_and_commit(&mut core, &put(&format!("k{i}"), 0), t0);
+    }
+    // Every object (4 KiB) is larger than the disks hold: none is ordered, tick after tick.
+    for t in 0..3 {
+        let now = at(2_000 + t * 100, t0.wall_ms);
+        let (l, sm) = core.leader_parts().unwrap();
+        l.tick(sm, now, true);
+        assert!(beat(&mut core, 2048, now).is_empty());
+    }
+    // Room on disk: ordered. The node fails them all: not ordered again for a while.
+    let t1 = at(3_000, t0.wall_ms + 2_000);
+    beat(&mut core, 0, t1);
+    let (l, sm) = core.leader_parts().unwrap();
+    l.tick(sm, t1, true);
+    let orders = beat(&mut core, 0, t1);
+    assert!(orders.len() >= 28, "{} orders", orders.len());
+    let (l, sm) = core.leader_parts().unwrap();
+    for o in &orders {
+        l.offloads.failed(&o.key, t1.mono_ms);
+    }
+    let t2 = at(3_100, t1.wall_ms + 100);
+    l.tick(sm, t2, true);
+    let again = beat(&mut core, 0, t2);
+    assert!(
+        again.iter().all(|o| orders.iter().all(|p| p.key != o.key)),
+        "a failed order was given again at once"
+    );
+    // Past the backoff, and past the orders of t2 (never reported): ordered again.
+    let t3 = at(t2.mono_ms + offload::ORDER_TTL_MS + 1, t1.wall_ms + 31_000);
+    beat(&mut core, 0, t3);
+    let (l, sm) = core.leader_parts().unwrap();
+    l.tick(sm, t3, true);
+    let later = beat(&mut core, 0, t3);
+    assert!(later.iter().any(|o| orders.iter().any(|p| p.key == o.key)));
+}
+
+#[test]
+fn a_put_that_finds_no_space_evicts_objects_being_offloaded_rather_than_fail() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    // Offload everything (target 0): every object is ordered to disk and none reported yet.
+    let cfg = CacheConfig {
+        offload_watermark: 0.05,
+        eviction_ratio: 0.05,
+        ..CacheConfig::default()
+    };
+    let mut core = Core::new(cfg);
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    heartbeat_with_disk(&mut core, t0);
+    for i in 0..256 {
+        put_and_commit(&mut core, &put(&format!("k{i}"), 0), t0);
+    }
+    let t1 = at(2_000, t0.wall_ms + 1_000);
+    {
+        let (l, sm) = core.leader_parts().unwrap();
+        l.tick(sm, t1, true);
+    }
+    let orders = heartbeat_with_disk(&mut core, t1);
+    assert_eq!(orders.len(), 256, "every object ordered");
+    let (l, sm) = core.leader_parts().unwrap();
+    assert!(matches!(
+        l.reserve(sm, &put("new", 0), t1),
+        Err(Error::NoSpace { .. })
+    ));
+    let Some(Command::Evict { keys }) = l.eviction_due(sm, t1, 4096) else {
+        panic!("the put's space must come from somewhere");
+    };
+    assert!(!keys.is_empty());
+    // Without a put waiting, objects on their way to disk are left to the offload.
+    l.evicting.clear();
+    assert!(l.eviction_due(sm, at(5_000, t1.wall_ms + 3_000), 0).is_none());
 }

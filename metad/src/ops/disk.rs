@@ -53,8 +53,9 @@ impl Ops {
             for m in &r.moved {
                 l.offloads.reported(&m.key);
             }
+            let now = self.clock.now();
             for k in &r.failed {
-                l.offloads.reported(k);
+                l.offloads.failed(k, now.mono_ms);
             }
             let mut unknown = Vec::new();
             let mut missing = Vec::new();

@@ -324,6 +324,10 @@ impl Disk {
         match self.with_read_buf(|buf| read_range_with(buf, &file, &e, offset, dst)) {
             Ok(ok) => {
                 if ok {
+                    // A peer's read of an object is its slices; the first counts the read.
+                    if offset == 0 {
+                        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+                    }
                     self.stats
                         .read_bytes
                         .fetch_add(dst.len() as u64, Ordering::Relaxed);
@@ -669,7 +673,7 @@ impl Disk {
                             RecordRead::Damaged
                         });
                     }
-                    Err(_) => return Ok(RecordRead::Damaged),
+                    Err(_) => return Ok(self.damaged_unless_moved(key, e)),
                 }
                 from = e.shape.value_off as usize;
             }
@@ -684,8 +688,20 @@ impl Disk {
         Ok(if checksum::combine(seed, hashes) == e.checksum {
             RecordRead::Good
         } else {
-            RecordRead::Damaged
+            self.damaged_unless_moved(key, e)
         })
+    }
+
+    /// Bytes read for `e` did not verify: damage only if `e` is still where `key` lies. A
+    /// record moved by compaction or dropped by the disk's eviction while it was read had its
+    /// bucket reused under the read (the layout changes before a bucket is reused, so an
+    /// entry unchanged after the read was read intact or damaged on the device).
+    fn damaged_unless_moved(&self, key: &str, e: &Entry) -> RecordRead {
+        if self.inner.lock().layout.peek(key) != Some(e) {
+            RecordRead::Moved
+        } else {
+            RecordRead::Damaged
+        }
     }
 
     /// Unlinks `key`'s record if it is of `version` (its space is reclaimed with its bucket).

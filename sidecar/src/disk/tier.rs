@@ -168,3 +168,13 @@ pub fn totals(tier: &Tier) -> (u64, u64, u64) {
         (c + x.capacity, u + x.live, o + x.objects)
     })
 }
+
+/// The largest object any disk in service can hold: its largest record less the most a
+/// record's head (header, the longest key, padding) may take.
+pub fn max_object(tier: &Tier) -> u64 {
+    const MAX_HEAD: u64 = 8 << 10;
+    tier.disks()
+        .map(|d| d.max_record().saturating_sub(MAX_HEAD))
+        .max()
+        .unwrap_or(0)
+}

@@ -13,6 +13,13 @@ use regolith_proto::uds::{pb::Code, MAX_INLINE};
 
 use super::{metad_failure, Failure, Outcome, Placement, Region, Replica, Store, MAX_ITEMS};
 
+/// Whether reading `rep` failed because it is a disk replica whose record is gone.
+fn record_gone(rep: &Replica, e: &crate::error::Error) -> bool {
+    regolith_proto::disk_tier::disk_of(rep.generation).is_some()
+        && (matches!(e, crate::error::Error::DiskRecordGone { .. })
+            || e.status() == Some(regolith_proto::dataplane::Status::BadGeneration))
+}
+
 /// One key to get.
 #[derive(Clone)]
 pub struct GetItem {
@@ -342,6 +349,9 @@ struct Reader<'a> {
     p: &'a Placement,
     src: Source,
     mismatched: bool,
+    /// Replicas tried, and those that were disk replicas whose record is gone.
+    tried: usize,
+    gone: usize,
     last_err: String,
 }
 
@@ -353,6 +363,8 @@ impl<'a> Reader<'a> {
             p,
             src,
             mismatched: false,
+            tried: 0,
+            gone: 0,
             last_err: String::from("no replica to read"),
         }
     }
@@ -383,8 +395,14 @@ impl<'a> Reader<'a> {
                     self.store.metrics.checksum_mismatches.inc();
                     tracing::warn!(key = self.key, node = %rep.node_name, "checksum mismatch: trying the next replica");
                 }
-                Err(e) => self.last_err = format!("{}: {e}", rep.node_name),
+                Err(e) => {
+                    if record_gone(rep, &e) {
+                        self.gone += 1;
+                    }
+                    self.last_err = format!("{}: {e}", rep.node_name);
+                }
             }
+            self.tried += 1;
         }
         false
     }
@@ -404,6 +422,13 @@ impl<'a> Reader<'a> {
             Failure::new(
                 Code::Corrupt,
                 "the bytes failed their checksum on every replica",
+            )
+        } else if self.tried > 0 && self.gone == self.tried {
+            // The object is gone from the cache (its disk evicted it; metad drops it once
+            // the node reports it): a miss, not an outage.
+            Failure::new(
+                Code::NotFound,
+                format!("{:?} is no longer cached: {}", self.key, self.last_err),
             )
         } else {
             Failure::new(
@@ -568,6 +593,38 @@ mod tests {
         assert_eq!(refused.len(), 10);
         let f = refused[0].status.as_ref().unwrap_err();
         assert!(f.message.contains("fewer keys"), "{}", f.message);
+    }
+
+    /// A disk replica metad still lists whose record the disk already dropped (its own
+    /// eviction races the drop's commit): a miss, whether the disk is this node's or a peer's.
+    #[tokio::test]
+    async fn a_disk_replica_whose_record_is_gone_is_a_miss_not_an_outage() {
+        let disk_gen = regolith_proto::disk_tier::disk_generation(0);
+        let gone = |node_id: u64, data_addrs| super::super::metad::Placement {
+            version: Version { term: 2, id: 9 },
+            size: 4096,
+            checksum: 1,
+            replicas: vec![super::super::metad::Replica {
+                node_id,
+                generation: disk_gen,
+                node_name: format!("n{node_id}"),
+                data_addrs,
+                extents: vec![Extent {
+                    offset: 0,
+                    len: 4096,
+                }],
+                grants: vec![],
+            }],
+        };
+        let (metad, store) = testing::local_store();
+        metad.set_object("k", gone(testing::LOCAL, vec![]));
+        let got = get(&store, vec![item("k", Region::Absent, false)]).await;
+        assert_eq!(code(&got[0].status), Some(Code::NotFound), "{:?}", got[0]);
+
+        let (metad, store, peer) = testing::remote_store().await;
+        metad.set_object("k", gone(2, peer.addrs.clone()));
+        let got = get(&store, vec![item("k", Region::Absent, false)]).await;
+        assert_eq!(code(&got[0].status), Some(Code::NotFound), "{:?}", got[0]);
     }
 
     #[tokio::test]

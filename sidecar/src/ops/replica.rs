@@ -159,10 +159,8 @@ impl Store {
         dst: &mut [u8],
         hashes: &mut [u64],
     ) -> Result<()> {
-        let gone = || {
-            Error::InvalidArgument(format!(
-                "no record of version {version:?} on this node's disks"
-            ))
+        let gone = || Error::DiskRecordGone {
+            version: format!("{}.{}", version.term, version.id),
         };
         let (d, key) = self.disks.holder(&version, Some(disk)).ok_or_else(gone)?;
         match crate::disk::blocking(|| d.read_hashed(&key, Some(version), dst, hashes))? {

@@ -66,6 +66,11 @@ impl FakeMetad {
         self.state.lock().aborts.clone()
     }
 
+    /// Lists `key` with this placement, as if metad had committed it.
+    pub fn set_object(&self, key: &str, p: Placement) {
+        self.state.lock().objects.insert(key.to_string(), p);
+    }
+
     /// The committed placement of `key`.
     pub fn placements_of(&self, key: &str) -> Placement {
         self.state.lock().objects[key].clone()

@@ -12,8 +12,10 @@
 //! The objects read are made disk-only without any hook in metad: they are put first, then the
 //! pool is filled above the offload watermark with soft-pinned fillers, so the leader's
 //! offload (least recently used, unpinned objects before soft-pinned ones) moves them first;
-//! the bench waits until their placements are disk replicas (`disk_tier`), removes the
-//! fillers, and reads. Every read is verified byte-exact outside the timed part, as in the
+//! the bench waits until their placements are disk replicas (`disk_tier`), tops the pool up
+//! to [`HOLD_AT`] (below the offload watermark, above the promotion limit: metad promotes a
+//! disk hit back to memory only below `offload_watermark - eviction_ratio`, 0.75 by default,
+//! so the objects stay disk-only while they are read), reads, and removes the fillers. Every read is verified byte-exact outside the timed part, as in the
 //! other rows, and the placements are checked again after each row (`disk_only_after`).
 
 use std::net::SocketAddr;
@@ -38,6 +40,9 @@ const FILLER: u64 = 4 << 20;
 /// Pool use the fill aims at: above metad's default offload watermark (0.8), below its
 /// eviction watermark (0.9), so that the objects read are offloaded, never evicted.
 pub const FILL_TO: f64 = 0.85;
+/// Pool use held while the disk-only objects are read: below metad's default offload
+/// watermark (0.8: no more offload), above its promotion limit (0.75: no promotion).
+pub const HOLD_AT: f64 = 0.78;
 /// How long the objects read may take to reach the disks.
 const PUSH_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bytes of the disk ceilings' file.
@@ -207,8 +212,8 @@ pub(super) async fn run(
             .flat_map(|m| m.keys.iter().map(|k| (k.clone(), m.owner.node.clone())))
             .collect();
         eprint!("\r\x1b[2K[disk] filling the pool above the offload watermark...");
-        let (fillers, pushed) = push_to_disk(client, &env, metad, &keys).await;
-        remove_keys(client, &fillers).await;
+        let (mut fillers, pushed) = push_to_disk(client, &env, metad, &keys).await;
+        fillers.extend(fill_to(client, &env, HOLD_AT, fillers.len()).await);
         if let Err(e) = &pushed {
             eprintln!("\n{e}");
         }
@@ -226,6 +231,7 @@ pub(super) async fn run(
             results.push(row);
             remove_keys(client, &m.keys).await;
         }
+        remove_keys(client, &fillers).await;
     }
     let offload = if wanted.offload {
         eprint!("\r\x1b[2K[disk] offload under eviction pressure");
@@ -413,6 +419,26 @@ async fn push_to_disk(
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+}
+
+/// Soft-pinned fillers put until the pool is at `share` of its memory (numbered on from
+/// `first`); answers their keys.
+async fn fill_to(client: &AsyncClient, env: &Env, share: f64, first: usize) -> Vec<String> {
+    let cfg = ReplicateConfig {
+        soft_pin: true,
+        soft_pin_ttl: Some(PIN_TTL),
+        ..Default::default()
+    };
+    let value = super::value_of(env.run ^ 0xF111, FILLER);
+    let mut fillers = Vec::new();
+    while pool_use(client).await.is_some_and(|u| u < share) {
+        let k = key(env, "fill", (first + fillers.len()) as u64);
+        match client.put(&k, &value, &cfg).await {
+            Ok(_) => fillers.push(k),
+            Err(_) => break,
+        }
+    }
+    fillers
 }
 
 async fn remove_keys(client: &AsyncClient, keys: &[String]) {
