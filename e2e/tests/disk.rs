@@ -481,3 +481,36 @@ fn write_through_copies_every_put_to_disk_and_a_restart_loses_none() {
         (0..N).all(|i| b.get(&key(i)).is_ok_and(|v| v == value(&key(i), 256 << 10)))
     });
 }
+
+/// An in-place upgrade (`--takeover`) carries the disks: the successor opens them once its
+/// predecessor let go, and every object that was only on disk is still there and readable.
+#[test]
+fn an_upgrade_in_place_keeps_the_disk_tier() {
+    let (mut c, _disk, disk_only) = offloaded_cluster(&["--promote-on-hit=false"], 20);
+    let before = disk_objects(&c, 0);
+    let old_instance = c.sidecar_status(0)["instance_id"].clone();
+    let mut old = c.upgrade_sidecar(0, &[]);
+    let end = std::time::Instant::now() + Duration::from_secs(40);
+    let status = loop {
+        if let Some(st) = old.child.as_mut().and_then(|ch| ch.try_wait().unwrap()) {
+            break st;
+        }
+        assert!(std::time::Instant::now() < end, "the old sidecar did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "the old sidecar exits 0 once it handed over: {status:?}");
+    wait_until("the successor serves its disk", Duration::from_secs(20), || {
+        let st = c.sidecar_status(0);
+        st["instance_id"] != old_instance && st["disks"][0]["healthy"] == true
+    });
+    assert!(
+        disk_objects(&c, 0) >= before,
+        "{before} objects on disk before the upgrade, {} after",
+        disk_objects(&c, 0)
+    );
+    let b = c.client(1);
+    for k in &disk_only {
+        assert!(b.get(k).unwrap() == value(k, 1 << 20), "{k} after the upgrade");
+        assert_eq!(tiers_of(&c, k), (vec![], vec!["node-a".to_string()]), "{k}");
+    }
+}

@@ -182,6 +182,10 @@ async fn accept(l: Option<&tokio::net::UnixListener>) -> std::io::Result<tokio::
     }
 }
 
+/// How long a successor waits for its predecessor to let go of the disks (it exits at once
+/// after the hand-over commits, or 3 s after at most).
+const HANDOVER_DISK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Starts everything and serves until `shutdown` fires (or a successor took over).
 pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     // Every task stops on `stop`: the process's shutdown, or a completed hand-over.
@@ -257,12 +261,28 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
     };
     let data = DataClient::new(transport, stripe, transport_stats.clone())?;
     let index = Arc::new(NodeIndex::new(settings.index, metrics.clone()));
+    let took_over = start.link.is_some();
+    if let Some(mut link) = start.link.take() {
+        // From here on this process owns the node; the old one exits once the link closes,
+        // after the supervisor has made this process the service's main one. It holds its
+        // disks until it exits: they are opened after (docs/ssd.md "Hand-over").
+        link.commit().await?;
+        tracing::info!("hand-over committed: serving");
+        tell_supervisor_main_pid().await;
+        drop(link);
+    }
     let disks = {
         let specs = settings.disks.clone();
         Arc::new(
-            tokio::task::spawn_blocking(move || crate::disk::Tier::open(&specs))
-                .await
-                .map_err(|e| Error::Config(format!("opening the disks: {e}")))?,
+            tokio::task::spawn_blocking(move || {
+                if took_over {
+                    crate::disk::Tier::open_after_predecessor(&specs, HANDOVER_DISK_WAIT)
+                } else {
+                    crate::disk::Tier::open(&specs)
+                }
+            })
+            .await
+            .map_err(|e| Error::Config(format!("opening the disks: {e}")))?,
         )
     };
     let (offload_tx, offload_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -304,15 +324,6 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> Result<()> {
         .into_iter()
         .map(std::os::fd::OwnedFd::from)
         .collect();
-    let took_over = start.link.is_some();
-    if let Some(mut link) = start.link.take() {
-        // From here on this process owns the node; the old one exits once the link closes,
-        // after the supervisor has made this process the service's main one.
-        link.commit().await?;
-        tracing::info!("hand-over committed: serving");
-        tell_supervisor_main_pid().await;
-        drop(link);
-    }
     // Data plane first (placements may name this node as soon as it is mounted).
     if let Err(e) = serving.start_data() {
         if start.uds.is_none() {

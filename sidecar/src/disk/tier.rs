@@ -71,6 +71,19 @@ impl Tier {
         self.hits.notify_one();
     }
 
+    /// [`Tier::open`] for a successor of a hand-over: each disk's lock is waited for (up to
+    /// `wait`), since the predecessor holds its disks until it exits, just after the hand-over
+    /// commits. Blocking.
+    pub fn open_after_predecessor(specs: &[DiskSpec], wait: Duration) -> Self {
+        let deadline = std::time::Instant::now() + wait;
+        for spec in specs {
+            if !wait_for_lock(spec, deadline) {
+                tracing::warn!(disk = %spec.path.display(), ?wait, "the predecessor still holds the disk");
+            }
+        }
+        Self::open(specs)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
@@ -177,4 +190,23 @@ pub fn max_object(tier: &Tier) -> u64 {
         .map(|d| d.max_record().saturating_sub(MAX_HEAD))
         .max()
         .unwrap_or(0)
+}
+
+/// Waits until no process holds `spec`'s lock (its label's `flock`), or `deadline`; answers
+/// whether it is free (a disk without a label yet has nothing to wait for).
+fn wait_for_lock(spec: &DiskSpec, deadline: std::time::Instant) -> bool {
+    let label = spec.path.join(super::format::LABEL_FILE);
+    loop {
+        let Ok(f) = std::fs::File::open(&label) else {
+            return true;
+        };
+        match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            // Dropped at once: `Disk::open` takes it for good.
+            Ok(_held) => return true,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(_) => return false,
+        }
+    }
 }
