@@ -407,6 +407,7 @@ pub fn check(input: &CheckInput<'_>) -> Report {
         feed: feed.as_ref(),
         value_len: input.value_len,
         causes: RefCell::new(BTreeMap::new()),
+        disk_failures: disk_failures(input.recorded),
     };
     let mut anomalies = Vec::new();
     let mut excused = BTreeSet::new();
@@ -486,6 +487,25 @@ struct DataCtx<'a> {
     value_len: Option<ValueLen<'a>>,
     /// Why each excused put was excused (put id → cause), for the report.
     causes: RefCell<BTreeMap<usize, &'static str>>,
+    /// When each `disk-fail` fault was injected.
+    disk_failures: Vec<u64>,
+}
+
+/// How long after a disk failed its node may still be telling metad (the drop is reported
+/// at once, but a report can wait for metad, and a hand-over heals the fault meanwhile).
+const DISK_LOSS_REPORT_US: u64 = 10_000_000;
+
+/// The `disk-fail` faults' injection times.
+fn disk_failures(rec: &Recorded) -> Vec<u64> {
+    rec.events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::FaultInjected { fault, .. } if fault.starts_with("disk-fail") => {
+                Some(e.at_us)
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// How many excused losses each cause accounts for.
@@ -653,7 +673,38 @@ impl DataCtx<'_> {
         if feed.resync_within(put.invoke_us, hi) {
             return Some(("feed gap", self.recorded_excuse(put)?));
         }
-        None
+        self.failed_disk_excuse(feed, put, size, by_us)
+    }
+
+    /// A disk failed shortly before the observation, and metad dropped the object from a disk
+    /// soon after it: the bytes were gone with the disk when the observation missed them,
+    /// before metad heard of it (what metad dropped, it dropped after the failure).
+    fn failed_disk_excuse(
+        &self,
+        feed: &FeedView,
+        put: &Op,
+        size: Option<u64>,
+        by_us: u64,
+    ) -> Option<(&'static str, String)> {
+        let failed_at = self
+            .disk_failures
+            .iter()
+            .copied()
+            .filter(|&t| t <= by_us && by_us <= t + 2 * DISK_LOSS_REPORT_US)
+            .max()?;
+        let hi = feed.cover(by_us + DISK_LOSS_REPORT_US).unwrap_or(u64::MAX);
+        let last = feed.unlisted_within(&put.key, size, put.invoke_us.max(failed_at), hi)?;
+        (!last.is_empty() && last.iter().all(|r| r.is_disk())).then(|| {
+            let at: Vec<String> = last.iter().map(|r| r.to_string()).collect();
+            (
+                "dropped from a failed disk",
+                format!(
+                    "a disk failed at {:.3}s and metad then dropped it from disk [{}]",
+                    failed_at as f64 / 1e6,
+                    at.join(" ")
+                ),
+            )
+        })
     }
 
     /// The recorded rules: metad evicted something, or every replica's segment went away.
@@ -1870,6 +1921,42 @@ mod tests {
         // Counted by metad, or it is an anomaly.
         let r = check_sized(&h, Counters::default());
         assert_eq!(kinds(&r), vec![AnomalyKind::LossesExceedCounters]);
+    }
+
+    /// A disk failed, a get then missed the object on it, and metad dropped it from the disk
+    /// only after the get (it heard of the failure later): excused, but only with the failure.
+    #[test]
+    fn a_miss_after_a_disk_failed_is_excused_by_a_drop_that_came_after_it() {
+        let mut h = offloaded_then_absent();
+        ev(
+            &mut h,
+            130,
+            EventKind::Unlisted {
+                object: obj("k", 1, 100),
+                last: vec![disk(1)],
+            },
+        );
+        let r = check_sized(&h, EVICTED_1);
+        assert_eq!(
+            kinds(&r),
+            vec![AnomalyKind::LostAcknowledgedPut],
+            "no disk failed"
+        );
+        ev(
+            &mut h,
+            55,
+            EventKind::FaultInjected {
+                fault: "disk-fail-s1".into(),
+                detail: "directory removed".into(),
+            },
+        );
+        let r = check_sized(&h, EVICTED_1);
+        assert!(r.passed(), "{r}");
+        assert_eq!(
+            r.excused_by_cause.get("dropped from a failed disk"),
+            Some(&1),
+            "{r}"
+        );
     }
 
     #[test]

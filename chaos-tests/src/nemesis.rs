@@ -277,6 +277,23 @@ fn leader(ctx: &FaultCtx<'_>) -> Result<u64> {
     ctx.cluster.wait_leader(Duration::from_secs(15))
 }
 
+/// A leader that has led for `settle` (the same replica answering throughout), or, after
+/// 15 s of changes, whichever leads then.
+fn settled_leader(ctx: &FaultCtx<'_>, settle: Duration) -> Result<u64> {
+    let end = std::time::Instant::now() + Duration::from_secs(15);
+    let mut current = leader(ctx)?;
+    let mut since = std::time::Instant::now();
+    while since.elapsed() < settle && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = leader(ctx)?;
+        if now != current {
+            current = now;
+            since = std::time::Instant::now();
+        }
+    }
+    Ok(current)
+}
+
 // ---------------------------------------------------------------------------- processes
 
 /// Heal of a fault that stopped a replica: start it again on its data.
@@ -316,7 +333,9 @@ impl Nemesis for LeaderHandover {
         Fault::LeaderHandover.name()
     }
     fn inject(&mut self, ctx: &mut FaultCtx<'_>) -> Result<String> {
-        let id = leader(ctx)?;
+        // A leader elected a moment ago (a fault just healed) may still be catching a
+        // follower up from a replication backoff: the hand-over is asked of a settled one.
+        let id = settled_leader(ctx, Duration::from_secs(2))?;
         let status = ctx.cluster.stop(id, Duration::from_secs(20))?;
         self.victim = Some(id);
         if !status.success() {
@@ -330,8 +349,9 @@ impl Nemesis for LeaderHandover {
             return Err(Error::Cluster(format!(
                 "leader {id} stopped without handing over: {}",
                 log.lines()
-                    .rfind(|l| l.contains("hand"))
-                    .unwrap_or("no hand-over logged")
+                    .filter(|l| l.contains("regolith_metad") && l.contains("hand"))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
             )));
         }
         Ok(format!(

@@ -323,7 +323,12 @@ fn tiers_of(c: &Cluster, key: &str) -> (Vec<String>, Vec<String>) {
         .expect("placements");
     let mut mem = Vec::new();
     let mut disk = Vec::new();
-    for rep in r.items.first().map(|p| p.replicas.clone()).unwrap_or_default() {
+    for rep in r
+        .items
+        .first()
+        .map(|p| p.replicas.clone())
+        .unwrap_or_default()
+    {
         if regolith_proto::disk_tier::is_disk_generation(rep.generation) {
             disk.push(rep.node_name);
         } else {
@@ -359,16 +364,20 @@ fn offloaded_cluster(metad_extra: &[&str], n: usize) -> (Cluster, PathBuf, Vec<S
         std::thread::sleep(Duration::from_millis(100));
     }
     let mut disk_only = Vec::new();
-    wait_until("objects only on node-a's disk", Duration::from_secs(20), || {
-        disk_only = (0..n)
-            .map(|i| format!("chunk-{i:03}"))
-            .filter(|k| {
-                let (mem, disk) = tiers_of(&c, k);
-                mem.is_empty() && disk == ["node-a"]
-            })
-            .collect();
-        disk_only.len() >= 4
-    });
+    wait_until(
+        "objects only on node-a's disk",
+        Duration::from_secs(20),
+        || {
+            disk_only = (0..n)
+                .map(|i| format!("chunk-{i:03}"))
+                .filter(|k| {
+                    let (mem, disk) = tiers_of(&c, k);
+                    mem.is_empty() && disk == ["node-a"]
+                })
+                .collect();
+            disk_only.len() >= 4
+        },
+    );
     (c, disk, disk_only)
 }
 
@@ -398,16 +407,24 @@ fn a_disk_hit_is_promoted_back_to_memory_when_the_pool_has_room() {
     for (client, who, k) in [(&b, "remote", &disk_only[0]), (&a, "local", &disk_only[1])] {
         // Hits until the pool has room (the removed objects' extents wait for the read
         // leases this test's placement checks took).
-        wait_until(&format!("{who} hit {k} promoted"), Duration::from_secs(15), || {
-            assert!(client.get(k).unwrap() == value(k, 1 << 20), "{who}: {k}");
-            std::thread::sleep(Duration::from_millis(200));
-            tiers_of(&c, k) == (vec!["node-a".to_string()], vec!["node-a".to_string()])
-        });
+        wait_until(
+            &format!("{who} hit {k} promoted"),
+            Duration::from_secs(15),
+            || {
+                assert!(client.get(k).unwrap() == value(k, 1 << 20), "{who}: {k}");
+                std::thread::sleep(Duration::from_millis(200));
+                tiers_of(&c, k) == (vec!["node-a".to_string()], vec!["node-a".to_string()])
+            },
+        );
         let before = reads();
         for _ in 0..3 {
             assert!(client.get(k).unwrap() == value(k, 1 << 20), "{who}: {k}");
         }
-        assert_eq!(reads(), before, "{who}: reads of a promoted object touch no disk");
+        assert_eq!(
+            reads(),
+            before,
+            "{who}: reads of a promoted object touch no disk"
+        );
     }
     let promoted = metric(
         &c.sidecar_metrics(0),
@@ -477,9 +494,11 @@ fn write_through_copies_every_put_to_disk_and_a_restart_loses_none() {
     c.start_sidecar(0);
     c.wait_sidecar(0, Duration::from_secs(20));
     let b = c.client(1);
-    wait_until("every object readable after the restart", Duration::from_secs(20), || {
-        (0..N).all(|i| b.get(&key(i)).is_ok_and(|v| v == value(&key(i), 256 << 10)))
-    });
+    wait_until(
+        "every object readable after the restart",
+        Duration::from_secs(20),
+        || (0..N).all(|i| b.get(&key(i)).is_ok_and(|v| v == value(&key(i), 256 << 10))),
+    );
 }
 
 /// An in-place upgrade (`--takeover`) carries the disks: the successor opens them once its
@@ -495,14 +514,24 @@ fn an_upgrade_in_place_keeps_the_disk_tier() {
         if let Some(st) = old.child.as_mut().and_then(|ch| ch.try_wait().unwrap()) {
             break st;
         }
-        assert!(std::time::Instant::now() < end, "the old sidecar did not exit");
+        assert!(
+            std::time::Instant::now() < end,
+            "the old sidecar did not exit"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert!(status.success(), "the old sidecar exits 0 once it handed over: {status:?}");
-    wait_until("the successor serves its disk", Duration::from_secs(20), || {
-        let st = c.sidecar_status(0);
-        st["instance_id"] != old_instance && st["disks"][0]["healthy"] == true
-    });
+    assert!(
+        status.success(),
+        "the old sidecar exits 0 once it handed over: {status:?}"
+    );
+    wait_until(
+        "the successor serves its disk",
+        Duration::from_secs(20),
+        || {
+            let st = c.sidecar_status(0);
+            st["instance_id"] != old_instance && st["disks"][0]["healthy"] == true
+        },
+    );
     assert!(
         disk_objects(&c, 0) >= before,
         "{before} objects on disk before the upgrade, {} after",
@@ -510,7 +539,10 @@ fn an_upgrade_in_place_keeps_the_disk_tier() {
     );
     let b = c.client(1);
     for k in &disk_only {
-        assert!(b.get(k).unwrap() == value(k, 1 << 20), "{k} after the upgrade");
+        assert!(
+            b.get(k).unwrap() == value(k, 1 << 20),
+            "{k} after the upgrade"
+        );
         assert_eq!(tiers_of(&c, k), (vec![], vec!["node-a".to_string()]), "{k}");
     }
 }

@@ -596,8 +596,7 @@ impl StateMachine {
         if r.segment.is_disk() {
             return conflict("the replica names a disk, not memory");
         }
-        if o
-            .replicas
+        if o.replicas
             .pieces()
             .iter()
             .any(|p| !p.is_disk() && p.segment().node == r.segment.node)

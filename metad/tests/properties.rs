@@ -165,8 +165,14 @@ fn check_no_overlap_in_sm(sm: &StateMachine) -> Result<(), TestCaseError> {
             }
         }
         let held: u64 = v.iter().map(|e| e.len).sum::<u64>()
-            - sm.free_space(&seg).map_or(0, |f| f.free_ranges().map(|e| e.len).sum());
-        prop_assert_eq!(sm.segment(&seg).map(|s| s.used), Some(held), "used bytes of {}", seg);
+            - sm.free_space(&seg)
+                .map_or(0, |f| f.free_ranges().map(|e| e.len).sum());
+        prop_assert_eq!(
+            sm.segment(&seg).map(|s| s.used),
+            Some(held),
+            "used bytes of {}",
+            seg
+        );
         v.sort();
         for w in v.windows(2) {
             prop_assert!(
@@ -177,7 +183,11 @@ fn check_no_overlap_in_sm(sm: &StateMachine) -> Result<(), TestCaseError> {
             );
         }
     }
-    prop_assert_eq!(sm.bytes_used(), memory, "bytes used over all objects' memory");
+    prop_assert_eq!(
+        sm.bytes_used(),
+        memory,
+        "bytes used over all objects' memory"
+    );
     Ok(())
 }
 

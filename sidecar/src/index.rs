@@ -639,7 +639,11 @@ mod tests {
         on_disk.replicas[0].generation = disk_gen;
         ix.stream_put("disk-only", &on_disk);
         assert!(ix.contains("disk-only"), "exists counts disk-only objects");
-        assert_eq!(ix.get("disk-only"), None, "read with the leader's placement");
+        assert_eq!(
+            ix.get("disk-only"),
+            None,
+            "read with the leader's placement"
+        );
         // Promoted (or written through): memory on node 2, the disk copy on node 1.
         let memory = placement(1, &[2], &[(8192, 4096)]);
         let mut both = memory.clone();

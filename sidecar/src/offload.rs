@@ -119,6 +119,15 @@ pub async fn run(side: Arc<Sidecar>, mut orders: mpsc::UnboundedReceiver<Orders>
                     let _ = side.offload_tx.send(more);
                 }
             }
+            // A disk failed: metad drops its objects now, not with the next upkeep round
+            // (meanwhile it would still send gets to replicas that are gone).
+            _ = side.disks.failures.notified() => {
+                let dropped = side.disks.take_lost();
+                let more = report(&side, Done { dropped, ..Done::default() }, false).await;
+                if !more.is_empty() {
+                    let _ = side.offload_tx.send(more);
+                }
+            }
             _ = upkeep.tick() => {
                 let t = side.disks.clone();
                 let dropped = tokio::task::spawn_blocking(move || t.upkeep())

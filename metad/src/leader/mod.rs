@@ -585,9 +585,8 @@ impl Leader {
             return;
         }
         let (total, free) = self.shadow.usage();
-        let room = (total as f64
-            * (self.cfg.offload_watermark - self.cfg.eviction_ratio).max(0.0))
-            as u64;
+        let room =
+            (total as f64 * (self.cfg.offload_watermark - self.cfg.eviction_ratio).max(0.0)) as u64;
         if (total - free).saturating_add(obj.size) > room {
             return;
         }
@@ -600,7 +599,10 @@ impl Leader {
         ) else {
             return;
         };
-        let extents = placed.first().map(|r| r.extents.clone()).unwrap_or_default();
+        let extents = placed
+            .first()
+            .map(|r| r.extents.clone())
+            .unwrap_or_default();
         let reservation = self.res.next_version(self.term);
         self.res.insert(Reservation {
             version: reservation,
@@ -649,7 +651,10 @@ impl Leader {
         match fx {
             Effect::Committed { version, key } => {
                 sm.touch_object(key, access_s(now));
-                let promoted = self.res.remove(version).is_some_and(|r| r.promote.is_some());
+                let promoted = self
+                    .res
+                    .remove(version)
+                    .is_some_and(|r| r.promote.is_some());
                 if promoted {
                     self.offloads.promotion_ended(key, version);
                 } else if self.cfg.write_through {
@@ -779,8 +784,9 @@ impl Leader {
         }
         self.offloads.expire(now.mono_ms);
         let res = &self.res;
-        self.offloads
-            .forget_dead_promotions(|v| res.get(v).is_some_and(|r| r.state != ResState::Quarantined));
+        self.offloads.forget_dead_promotions(|v| {
+            res.get(v).is_some_and(|r| r.state != ResState::Quarantined)
+        });
         self.plan_offloads(sm, now);
         for (node, items) in self.offloads.take_frees() {
             out.push(Command::MoveToDisk { node, items });

@@ -814,7 +814,10 @@ fn objects_with_a_disk_copy_are_offloaded_by_freeing_memory_without_a_copy_order
     for c in cmds {
         core.apply(&c, t1);
     }
-    assert!(heartbeat_with_disk(&mut core, t1).is_empty(), "nothing to copy");
+    assert!(
+        heartbeat_with_disk(&mut core, t1).is_empty(),
+        "nothing to copy"
+    );
     let (total, _) = {
         let (l, _) = core.leader_parts().unwrap();
         l.shadow().usage()
@@ -889,7 +892,11 @@ fn a_promotion_overtaken_by_a_remove_is_refused_and_its_memory_freed() {
     };
     assert!(matches!(core.apply(&cmd, t0), Outcome::Conflict(_)));
     let (l, _) = core.leader_parts().unwrap();
-    assert_eq!(l.shadow().usage().1, free_before, "the reservation's memory is free again");
+    assert_eq!(
+        l.shadow().usage().1,
+        free_before,
+        "the reservation's memory is free again"
+    );
     assert!(core.sm().object("k").is_none());
 }
 
@@ -1027,5 +1034,7 @@ fn a_put_that_finds_no_space_evicts_objects_being_offloaded_rather_than_fail() {
     assert!(!keys.is_empty());
     // Without a put waiting, objects on their way to disk are left to the offload.
     l.evicting.clear();
-    assert!(l.eviction_due(sm, at(5_000, t1.wall_ms + 3_000), 0).is_none());
+    assert!(l
+        .eviction_due(sm, at(5_000, t1.wall_ms + 3_000), 0)
+        .is_none());
 }

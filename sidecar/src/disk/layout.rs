@@ -44,11 +44,20 @@ pub struct Bucket {
     pub tail: u64,
     pub live_bytes: u64,
     pub live: u32,
+    /// Records planned here ([`Layout::plan_append`]) and not yet linked or abandoned
+    /// ([`Layout::landed`]): a bucket with any is never free, or a reuse would write over
+    /// them while they are written.
+    pub pending: u32,
     /// Logical time of the last append to or read from the bucket.
     pub last_access: u64,
 }
 
 impl Bucket {
+    /// Nothing live in it and nothing being written to it.
+    fn is_empty(&self) -> bool {
+        self.live == 0 && self.pending == 0
+    }
+
     /// A bucket never opened (or whose file was not found by a scan).
     fn empty() -> Self {
         Bucket {
@@ -57,6 +66,7 @@ impl Bucket {
             tail: BLOCK,
             live_bytes: 0,
             live: 0,
+            pending: 0,
             last_access: 0,
         }
     }
@@ -237,6 +247,7 @@ impl Layout {
         let bk = &mut self.buckets[b as usize];
         let offset = bk.tail;
         bk.tail += len;
+        bk.pending += 1;
         bk.last_access = t;
         Append {
             bucket: b,
@@ -252,11 +263,23 @@ impl Layout {
             self.open = None;
         }
         let bk = &mut self.buckets[b as usize];
-        bk.state = if bk.live == 0 {
+        bk.state = if bk.is_empty() {
             BucketState::Free
         } else {
             BucketState::Sealed
         };
+    }
+
+    /// A record planned in bucket `b` was linked ([`Layout::insert`] first) or abandoned: a
+    /// sealed bucket left with nothing live or pending is free.
+    pub fn landed(&mut self, b: u32) {
+        let Some(bk) = self.buckets.get_mut(b as usize) else {
+            return;
+        };
+        bk.pending = bk.pending.saturating_sub(1);
+        if bk.is_empty() && bk.state == BucketState::Sealed {
+            bk.state = BucketState::Free;
+        }
     }
 
     /// Closes the open bucket for appends (before compacting into a fresh one, or when a
@@ -293,7 +316,7 @@ impl Layout {
         let bk = &mut self.buckets[e.bucket as usize];
         bk.live -= 1;
         bk.live_bytes -= e.shape.len;
-        if bk.live == 0 && bk.state == BucketState::Sealed {
+        if bk.is_empty() && bk.state == BucketState::Sealed {
             bk.state = BucketState::Free;
         }
     }
@@ -379,6 +402,7 @@ impl Layout {
         for bk in &mut self.buckets {
             bk.live = 0;
             bk.live_bytes = 0;
+            bk.pending = 0;
             bk.state = BucketState::Free;
         }
         self.open = None;
@@ -433,7 +457,37 @@ mod tests {
     fn put(l: &mut Layout, key: &str, len: u64, v: u64) -> Result<Append, NoRoom> {
         let a = l.plan_append(len)?;
         l.insert(key, entry(&a, len, v));
+        l.landed(a.bucket);
         Ok(a)
+    }
+
+    /// One batch planned whole before any of it is linked (as a disk writes it): a bucket
+    /// opened for the first record and sealed for the second is not free meanwhile, so the
+    /// second is not planned over the first.
+    #[test]
+    fn records_planned_but_not_yet_linked_keep_their_bucket() {
+        let rec = MIB * 3 / 4;
+        let mut l = Layout::new(MIB, 2);
+        let a = l.plan_append(rec).unwrap();
+        let b = l.plan_append(rec).unwrap();
+        assert_ne!((a.bucket, a.offset), (b.bucket, b.offset));
+        assert_eq!(
+            l.plan_append(rec),
+            Err(NoRoom::Full),
+            "both buckets hold a pending record"
+        );
+        l.insert("a", entry(&a, rec, 1));
+        l.landed(a.bucket);
+        l.insert("b", entry(&b, rec, 2));
+        l.landed(b.bucket);
+        l.remove("a", None);
+        assert_eq!(l.bucket(a.bucket).unwrap().state, BucketState::Free);
+        // An abandoned plan (a relocation whose record died meanwhile) frees its bucket too.
+        let c = l.plan_append(rec).unwrap();
+        l.seal_open();
+        assert_eq!(l.bucket(c.bucket).unwrap().state, BucketState::Sealed);
+        l.landed(c.bucket);
+        assert_eq!(l.bucket(c.bucket).unwrap().state, BucketState::Free);
     }
 
     #[test]
@@ -544,6 +598,8 @@ mod tests {
     #[derive(Debug, Clone)]
     enum Op {
         Put(u8, u64),
+        /// Records planned together, then linked together (a disk's write batch).
+        Batch(Vec<(u8, u64)>),
         Remove(u8),
         EvictLru,
         Compact,
@@ -552,6 +608,8 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             4 => (0u8..40, 1u64..64).prop_map(|(k, blocks)| Op::Put(k, blocks * BLOCK)),
+            2 => proptest::collection::vec((0u8..40, 1u64..64), 1..6)
+                .prop_map(|v| Op::Batch(v.into_iter().map(|(k, b)| (k, b * BLOCK)).collect())),
             2 => (0u8..40).prop_map(Op::Remove),
             1 => Just(Op::EvictLru),
             1 => Just(Op::Compact),
@@ -571,9 +629,31 @@ mod tests {
                         v += 1;
                         let key = format!("k{k}");
                         match l.plan_append(len) {
-                            Ok(a) => { l.insert(&key, entry(&a, len, v)); }
+                            Ok(a) => { l.insert(&key, entry(&a, len, v)); l.landed(a.bucket); }
                             Err(NoRoom::Full) => {}
                             Err(e) => prop_assert!(false, "{e:?}"),
+                        }
+                    }
+                    Op::Batch(items) => {
+                        let mut planned = Vec::new();
+                        for (k, len) in items {
+                            match l.plan_append(len) {
+                                Ok(a) => planned.push((format!("k{k}"), a, len)),
+                                Err(NoRoom::Full) => break,
+                                Err(e) => prop_assert!(false, "{e:?}"),
+                            }
+                        }
+                        // Planned places overlap neither each other nor a live record.
+                        let mut places: Vec<(u32, u64, u64)> = l.keys().map(|(_, e)| (e.bucket, e.offset, e.offset + e.shape.len)).collect();
+                        places.extend(planned.iter().map(|(_, a, len)| (a.bucket, a.offset, a.offset + len)));
+                        places.sort();
+                        for w in places.windows(2) {
+                            prop_assert!(w[0].0 != w[1].0 || w[0].2 <= w[1].1, "planned over {:?}", w);
+                        }
+                        for (key, a, len) in planned {
+                            v += 1;
+                            l.insert(&key, entry(&a, len, v));
+                            l.landed(a.bucket);
                         }
                     }
                     Op::Remove(k) => { l.remove(&format!("k{k}"), None); }
@@ -585,6 +665,7 @@ mod tests {
                                 v += 1;
                                 if let Ok(a) = l.plan_append(e.shape.len) {
                                     if a.bucket != b { l.insert(&k, entry(&a, e.shape.len, v)); }
+                                    l.landed(a.bucket);
                                 }
                             }
                         }

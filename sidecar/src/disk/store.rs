@@ -68,6 +68,9 @@ pub enum ReadOutcome {
     Miss,
     /// The record is damaged (checksum, header): it is dropped; report it like an eviction.
     Corrupt { version: Version },
+    /// The bytes did not verify in the caller's buffer but the record does on a private
+    /// read: the buffer changed under the read. Nothing was delivered; the record stays.
+    Unverified,
 }
 
 /// A record dropped from the disk (evicted, compacted away on failure, or lost with the disk).
@@ -141,6 +144,9 @@ pub struct Disk {
     failed: AtomicBool,
     /// What the failure dropped, until [`Disk::take_lost`] hands it on (to the metadata).
     lost: Mutex<Vec<Dropped>>,
+    /// Told when the disk fails, so the loss reaches the metadata at once rather than with
+    /// the next upkeep round ([`Disk::notify_failure`]).
+    on_failure: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
     pub stats: DiskStats,
 }
 
@@ -207,6 +213,7 @@ impl Disk {
             read_bufs: Mutex::new(Vec::new()),
             failed: AtomicBool::new(false),
             lost: Mutex::new(Vec::new()),
+            on_failure: std::sync::OnceLock::new(),
             stats: DiskStats::default(),
         };
         // The capacity counts what this disk already holds as usable.
@@ -286,7 +293,15 @@ impl Disk {
             .lost
             .fetch_add(dropped.len() as u64, Ordering::Relaxed);
         self.lost.lock().extend(dropped.iter().cloned());
+        if let Some(n) = self.on_failure.get() {
+            n.notify_one();
+        }
         dropped
+    }
+
+    /// `n` is notified when this disk fails (the first call sets it).
+    pub fn notify_failure(&self, n: Arc<tokio::sync::Notify>) {
+        let _ = self.on_failure.set(n);
     }
 
     /// The objects a failure dropped and nobody reported yet.
@@ -307,21 +322,41 @@ impl Disk {
             return Err(self.failed_error());
         }
         let t0 = Instant::now();
-        let e = {
-            let mut inner = self.inner.lock();
-            let Some(key) = inner.layout.key_of(version).map(str::to_owned) else {
-                return Ok(false);
+        // A record moved by compaction while it was read is read once more at its new place.
+        for _ in 0..2 {
+            let (key, e) = {
+                let mut inner = self.inner.lock();
+                let Some(key) = inner.layout.key_of(version).map(str::to_owned) else {
+                    return Ok(false);
+                };
+                let Some(e) = inner.layout.get(&key) else {
+                    return Ok(false);
+                };
+                if offset.saturating_add(dst.len() as u64) > e.shape.value_len {
+                    return Ok(false);
+                }
+                (key, e)
             };
-            let Some(e) = inner.layout.get(&key) else {
-                return Ok(false);
-            };
-            if offset.saturating_add(dst.len() as u64) > e.shape.value_len {
-                return Ok(false);
+            let file = self.bucket_file(e.bucket, false)?;
+            let read = self.with_read_buf(|buf| read_range_with(buf, &file, &e, offset, dst));
+            // A bucket is reused only once nothing in it is linked: with the entry unchanged
+            // after the read, the bytes read were this record's.
+            if read.is_ok() && self.inner.lock().layout.peek(&key) != Some(&e) {
+                continue;
             }
-            e
-        };
-        let file = self.bucket_file(e.bucket, false)?;
-        match self.with_read_buf(|buf| read_range_with(buf, &file, &e, offset, dst)) {
+            return self.range_read_done(read, offset, dst.len(), t0);
+        }
+        Ok(false)
+    }
+
+    fn range_read_done(
+        &self,
+        read: std::io::Result<bool>,
+        offset: u64,
+        len: usize,
+        t0: Instant,
+    ) -> Result<bool> {
+        match read {
             Ok(ok) => {
                 if ok {
                     // A peer's read of an object is its slices; the first counts the read.
@@ -330,7 +365,7 @@ impl Disk {
                     }
                     self.stats
                         .read_bytes
-                        .fetch_add(dst.len() as u64, Ordering::Relaxed);
+                        .fetch_add(len as u64, Ordering::Relaxed);
                     self.stats
                         .read_micros
                         .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -510,6 +545,7 @@ impl Disk {
             for (i, a, shape) in &planned {
                 let it = &items[*i];
                 if it.relocate && inner.layout.peek(it.key).map(|e| e.version) != Some(it.version) {
+                    inner.layout.landed(a.bucket);
                     continue;
                 }
                 inner.layout.insert(
@@ -523,6 +559,7 @@ impl Disk {
                         epoch: a.epoch,
                     },
                 );
+                inner.layout.landed(a.bucket);
             }
         }
         if !planned.is_empty() {
@@ -592,6 +629,13 @@ impl Disk {
                     });
                 }
                 Ok(RecordRead::Moved) => continue,
+                Ok(RecordRead::Damaged) if !self.damaged_in_private(&file, key, &e) => {
+                    // The record is sound: the bytes changed in the destination while they
+                    // were copied there (a client's memory, which it may reuse when it gave
+                    // up on the read). Not a hit, and no reason to drop the record.
+                    tracing::warn!(disk = %self.spec.path.display(), key, version = ?e.version, "a disk read into a buffer that changed under it: not delivered");
+                    return Ok(ReadOutcome::Unverified);
+                }
                 Ok(RecordRead::Damaged) => {
                     let mut inner = self.inner.lock();
                     if inner.layout.peek(key) == Some(&e) {
@@ -692,6 +736,16 @@ impl Disk {
         })
     }
 
+    /// Whether the record of `e` fails its checksum read into memory of this process alone
+    /// (a read into a caller's buffer can fail because the caller changed it meanwhile).
+    fn damaged_in_private(&self, file: &File, key: &str, e: &Entry) -> bool {
+        let mut own = vec![0u8; e.shape.value_len as usize];
+        let mut hashes = vec![0u64; checksum::chunk_count(e.shape.value_len)];
+        let again =
+            self.with_read_buf(|buf| self.read_record(buf, file, key, e, &mut own, &mut hashes));
+        matches!(again, Ok(RecordRead::Damaged))
+    }
+
     /// Bytes read for `e` did not verify: damage only if `e` is still where `key` lies. A
     /// record moved by compaction or dropped by the disk's eviction while it was read had its
     /// bucket reused under the read (the layout changes before a bucket is reused, so an
@@ -771,7 +825,8 @@ impl Disk {
                     dropped.push(Dropped { key, version });
                     continue;
                 }
-                ReadOutcome::Miss => continue,
+                // A private buffer cannot change under the read; skipped if it ever did.
+                ReadOutcome::Miss | ReadOutcome::Unverified => continue,
             }
             // Removed or replaced meanwhile: nothing to move.
             if self.lookup(&key).map(|(v, _)| v) != Some(e.version) {
@@ -1274,6 +1329,147 @@ mod tests {
             ReadOutcome::Miss
         );
         assert_eq!(d.read("nope", None, &mut out).unwrap(), ReadOutcome::Miss);
+    }
+
+    /// A read into memory its owner keeps changing (a client that gave up on the read and
+    /// reused its buffer) is never delivered and never drops the sound record it read.
+    #[test]
+    fn a_buffer_changed_under_a_read_drops_no_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, _) = open(dir.path(), 8 * MIB);
+        const LEN: usize = 512 << 10;
+        assert_eq!(put(&d, "k", 1, LEN), Written::Ok);
+        let mut dst = memmap2::MmapMut::map_anon(LEN).unwrap();
+        let addr = dst.as_mut_ptr() as usize;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let scribbler = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut i = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: the mapping outlives this thread (joined below); the racing
+                    // writes are the point of the test, as a client's would be.
+                    unsafe { std::ptr::write_volatile((addr + i % LEN) as *mut u8, i as u8) };
+                    i = i.wrapping_add(4093);
+                }
+            })
+        };
+        let mut unverified = 0;
+        for _ in 0..20 {
+            match d.read("k", Some(v(1)), &mut dst[..]).unwrap() {
+                ReadOutcome::Hit { .. } => {}
+                ReadOutcome::Unverified => unverified += 1,
+                other => panic!("a sound record read as {other:?}"),
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        scribbler.join().unwrap();
+        eprintln!("{unverified} of 20 reads met a changing buffer");
+        assert_eq!(d.stats.corrupt_records.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            get(&d, "k").as_deref(),
+            Some(&value(1, LEN)[..]),
+            "the record stays"
+        );
+    }
+
+    /// Writes, the disk's eviction, compaction, removals and reads all at once on a small disk
+    /// (buckets reused all the time): no read ever finds a linked record damaged.
+    #[test]
+    fn concurrent_writes_evictions_compactions_and_reads_never_see_damage() {
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let (d, _) = open(dir.path(), 6 * MIB);
+        let d = Arc::new(d);
+        let stop = Arc::new(AtomicBool::new(false));
+        let next = Arc::new(AtomicU64::new(1));
+        let key = |i: u64| format!("key-{:02}", i % 48);
+        let mut threads = Vec::new();
+        for w in 0..2u64 {
+            let (d, stop, next) = (d.clone(), stop.clone(), next.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut n = w;
+                while !stop.load(Ordering::Relaxed) {
+                    let ids: Vec<u64> = (0..1 + n % 5)
+                        .map(|_| next.fetch_add(1, Ordering::Relaxed))
+                        .collect();
+                    let keys: Vec<String> = ids.iter().map(|&i| key(i * 7 + n)).collect();
+                    let vals: Vec<Vec<u8>> = ids
+                        .iter()
+                        .map(|&i| value(i, 1 + ((i * 7919) % (200 << 10)) as usize))
+                        .collect();
+                    let items: Vec<WriteItem> = (0..ids.len())
+                        .map(|j| WriteItem {
+                            key: &keys[j],
+                            version: v(ids[j]),
+                            checksum: checksum::checksum(v(ids[j]).seed(), &vals[j]),
+                            value: &vals[j],
+                            relocate: false,
+                        })
+                        .collect();
+                    let out = d.write_batch(&items).unwrap();
+                    if out.contains(&Written::Full) {
+                        d.evict_lru().unwrap();
+                    }
+                    n += 1;
+                }
+            }));
+        }
+        {
+            let (d, stop) = (d.clone(), stop.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut dropped = Vec::new();
+                    d.compact_one(&mut dropped).unwrap();
+                    assert!(dropped.is_empty(), "compaction found damage: {dropped:?}");
+                    d.remove(&key(n * 13), None);
+                    n += 1;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }));
+        }
+        for r in 0..2u64 {
+            let (d, stop) = (d.clone(), stop.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut n = r;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = key(n);
+                    n += 1;
+                    let Some((ver, len)) = d.lookup(&k) else {
+                        continue;
+                    };
+                    let mut out = vec![0u8; len as usize];
+                    match d.read(&k, Some(ver), &mut out) {
+                        Ok(ReadOutcome::Hit { .. }) => {
+                            assert_eq!(out, value(ver.id, len as usize), "{k} {ver:?}");
+                        }
+                        Ok(ReadOutcome::Miss) => {}
+                        Err(Error::InvalidArgument(_)) => {} // replaced by another length
+                        other => panic!("{k} {ver:?} read as {other:?}"),
+                    }
+                    let mut part = vec![0u8; (len as usize).min(5000)];
+                    if d.read_range(&ver, 0, &mut part).unwrap() {
+                        assert_eq!(
+                            part,
+                            value(ver.id, len as usize)[..part.len()],
+                            "range of {k}"
+                        );
+                    }
+                }
+            }));
+        }
+        std::thread::sleep(Duration::from_secs(4));
+        stop.store(true, Ordering::Relaxed);
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(d.stats.corrupt_records.load(Ordering::Relaxed), 0);
+        assert!(
+            d.stats.compacted.load(Ordering::Relaxed) > 0,
+            "compaction ran"
+        );
+        assert!(d.stats.evicted.load(Ordering::Relaxed) > 0, "eviction ran");
     }
 
     #[test]

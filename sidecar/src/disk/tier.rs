@@ -23,6 +23,8 @@ pub struct Tier {
     /// Signalled when a get read a disk-only object here (locally or for a peer): metad
     /// may have ordered its promotion (`crate::offload`).
     pub hits: tokio::sync::Notify,
+    /// Signalled when a disk fails: its objects' drop is reported at once.
+    pub failures: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for Tier {
@@ -59,10 +61,17 @@ impl Tier {
                     }
                 }
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let failures = Arc::new(tokio::sync::Notify::new());
+        for s in &slots {
+            if let Slot::Open(d) = s {
+                d.notify_failure(failures.clone());
+            }
+        }
         Self {
             slots,
             hits: tokio::sync::Notify::new(),
+            failures,
         }
     }
 

@@ -168,6 +168,10 @@ impl Store {
                 self.disks.note_hit();
                 Ok(())
             }
+            crate::disk::ReadOutcome::Unverified => Err(Error::InvalidArgument(format!(
+                "the destination of the disk read of version {}.{} changed while it was written",
+                version.term, version.id
+            ))),
             _ => Err(gone()),
         }
     }
