@@ -87,6 +87,8 @@ class Cluster:
     up: subprocess.Popen
     log: Path
     sidecars: list[Sidecar] = field(default_factory=list)
+    # The metad replicas' metrics addresses (HOST:PORT), in replica order.
+    metad_metrics: list[str] = field(default_factory=list)
 
     @property
     def metad_addrs(self) -> str:
@@ -103,11 +105,18 @@ class Cluster:
 
     def metric(self, i: int, series: str) -> float:
         """The value of one series (name with its labels, as exposed) of sidecar `i`; 0 if absent."""
-        with urllib.request.urlopen(f"http://{self.sidecars[i].metrics}/metrics", timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(series + " "):
-                    return float(line.split()[-1])
-        return 0.0
+        return scrape(self.sidecars[i].metrics, series)
+
+    def metad_metric(self, series: str) -> float:
+        """The highest value of one series over the metad replicas that answer (a replica's
+        applied state may lag the leader's); 0 if absent."""
+        values = []
+        for addr in self.metad_metrics:
+            try:
+                values.append(scrape(addr, series))
+            except OSError:
+                continue
+        return max(values, default=0.0)
 
     def run_python(self, script: str, i: int = 0) -> list[str]:
         """Runs `script` in a fresh Python process that uses sidecar `i`; its stdout, split."""
@@ -134,6 +143,16 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 os.killpg(self.up.pid, signal.SIGKILL)
                 self.up.wait()
+
+
+def scrape(addr: str, series: str) -> float:
+    """The value of one series (name with its labels, as exposed) at the Prometheus endpoint
+    ``addr`` (HOST:PORT); 0 if absent."""
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(series + " "):
+                return float(line.split()[-1])
+    return 0.0
 
 
 def _tail(path: Path, n: int = 30) -> str:
@@ -205,6 +224,7 @@ def _wait_ready(up: subprocess.Popen, log: Path, timeout: float) -> bool:
 def _describe(d: Path, up: subprocess.Popen, log: Path) -> Cluster:
     info = json.loads((d / "cluster.json").read_text())
     c = Cluster(d, Path(info["token_file"]), [m["grpc"] for m in info["metad"]], up, log)
+    c.metad_metrics = [m.get("metrics", "") for m in info["metad"] if m.get("metrics")]
     c.sidecars = [
         Sidecar(s["name"], Path(s["socket"]), s["pid"], s.get("metrics", ""))
         for s in info["sidecars"]
