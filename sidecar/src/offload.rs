@@ -417,8 +417,10 @@ async fn report(side: &Sidecar, done: Done, poll: bool) -> Orders {
         Err(e) => {
             // Whether the moves were committed is unknown: the records stay (metad is the
             // truth; a record it does not list is deleted at the next inventory, or leaves
-            // with its bucket). Drops are found again at the next inventory.
-            tracing::warn!(error = %e, moved = done.moved.len(), "disk report failed");
+            // with its bucket). Drops go with the next report: metad would otherwise list
+            // the dropped replicas, and send gets to them, until the node restarts.
+            tracing::warn!(error = %e, moved = done.moved.len(), dropped = done.dropped.len(), "disk report failed");
+            side.disks.unreported(done.dropped);
             Orders::default()
         }
     }

@@ -25,6 +25,8 @@ pub struct Tier {
     pub hits: tokio::sync::Notify,
     /// Signalled when a disk fails: its objects' drop is reported at once.
     pub failures: Arc<tokio::sync::Notify>,
+    /// Drops a report to metad did not deliver: sent again with the next one.
+    unreported: parking_lot::Mutex<Vec<Dropped>>,
 }
 
 impl std::fmt::Debug for Tier {
@@ -72,6 +74,7 @@ impl Tier {
             slots,
             hits: tokio::sync::Notify::new(),
             failures,
+            unreported: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
@@ -121,15 +124,26 @@ impl Tier {
             .find_map(|d| d.key_of(version).map(|k| (d, k)))
     }
 
-    /// Objects lost with failed disks, not reported yet.
+    /// Drops a failed report did not deliver, for the next [`Tier::take_lost`].
+    pub fn unreported(&self, dropped: Vec<Dropped>) {
+        self.unreported.lock().extend(dropped);
+    }
+
+    /// Objects lost with failed disks, and drops a failed report did not deliver, not
+    /// reported yet.
     pub fn take_lost(&self) -> Vec<Dropped> {
-        self.slots
-            .iter()
-            .filter_map(|s| match s {
-                Slot::Open(d) => Some(d.take_lost()),
-                Slot::FailedAtOpen { .. } => None,
-            })
-            .flatten()
+        let again = std::mem::take(&mut *self.unreported.lock());
+        again
+            .into_iter()
+            .chain(
+                self.slots
+                    .iter()
+                    .filter_map(|s| match s {
+                        Slot::Open(d) => Some(d.take_lost()),
+                        Slot::FailedAtOpen { .. } => None,
+                    })
+                    .flatten(),
+            )
             .collect()
     }
 
@@ -217,5 +231,24 @@ fn wait_for_lock(spec: &DiskSpec, deadline: std::time::Instant) -> bool {
             }
             Err(_) => return false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use regolith_proto::common::Version;
+
+    /// Drops a failed report did not deliver go with the next one, once.
+    #[test]
+    fn undelivered_drops_are_reported_again() {
+        let tier = Tier::default();
+        let d = Dropped {
+            key: "k".into(),
+            version: Version { term: 2, id: 7 },
+        };
+        tier.unreported(vec![d.clone()]);
+        assert_eq!(tier.take_lost(), vec![d]);
+        assert!(tier.take_lost().is_empty());
     }
 }
