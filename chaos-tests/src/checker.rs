@@ -495,6 +495,14 @@ struct DataCtx<'a> {
 /// at once, but a report can wait for metad, and a hand-over heals the fault meanwhile).
 const DISK_LOSS_REPORT_US: u64 = 10_000_000;
 
+/// Replica places as the report names them, space-separated.
+fn places(locs: &[ReplicaLoc]) -> String {
+    locs.iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The `disk-fail` faults' injection times.
 fn disk_failures(rec: &Recorded) -> Vec<u64> {
     rec.events
@@ -651,8 +659,7 @@ impl DataCtx<'_> {
             return Some(("feed gap", self.recorded_excuse(put)?));
         };
         if let Some(last) = feed.unlisted_within(&put.key, size, put.invoke_us, hi) {
-            let at: Vec<String> = last.iter().map(|r| r.to_string()).collect();
-            let at = at.join(" ");
+            let at = places(last);
             return Some(if !last.is_empty() && last.iter().all(|r| r.is_disk()) {
                 (
                     "dropped from a disk",
@@ -695,13 +702,12 @@ impl DataCtx<'_> {
         let hi = feed.cover(by_us + DISK_LOSS_REPORT_US).unwrap_or(u64::MAX);
         let last = feed.unlisted_within(&put.key, size, put.invoke_us.max(failed_at), hi)?;
         (!last.is_empty() && last.iter().all(|r| r.is_disk())).then(|| {
-            let at: Vec<String> = last.iter().map(|r| r.to_string()).collect();
             (
                 "dropped from a failed disk",
                 format!(
                     "a disk failed at {:.3}s and metad then dropped it from disk [{}]",
                     failed_at as f64 / 1e6,
-                    at.join(" ")
+                    places(last)
                 ),
             )
         })

@@ -103,10 +103,7 @@ pub async fn run(side: Arc<Sidecar>, mut orders: mpsc::UnboundedReceiver<Orders>
                 }
             }
             _ = poll.tick(), if Instant::now() < active_until => {
-                let more = report(&side, Done::default(), true).await;
-                if !more.is_empty() {
-                    let _ = side.offload_tx.send(more);
-                }
+                report_and_queue(&side, Done::default(), true).await;
             }
             // A disk-only object was read here: the leader ordered its promotion with the
             // get's placement; fetch it now rather than with the next heartbeat.
@@ -114,31 +111,30 @@ pub async fn run(side: Arc<Sidecar>, mut orders: mpsc::UnboundedReceiver<Orders>
                 let wait = HIT_POLL.saturating_sub(last_hit_poll.elapsed());
                 tokio::time::sleep(wait).await;
                 last_hit_poll = Instant::now();
-                let more = report(&side, Done::default(), true).await;
-                if !more.is_empty() {
-                    let _ = side.offload_tx.send(more);
-                }
+                report_and_queue(&side, Done::default(), true).await;
             }
             // A disk failed: metad drops its objects now, not with the next upkeep round
             // (meanwhile it would still send gets to replicas that are gone).
             _ = side.disks.failures.notified() => {
                 let dropped = side.disks.take_lost();
-                let more = report(&side, Done { dropped, ..Done::default() }, false).await;
-                if !more.is_empty() {
-                    let _ = side.offload_tx.send(more);
-                }
+                report_and_queue(&side, Done { dropped, ..Done::default() }, false).await;
             }
             _ = upkeep.tick() => {
                 let t = side.disks.clone();
                 let dropped = tokio::task::spawn_blocking(move || t.upkeep())
                     .await
                     .unwrap_or_default();
-                let more = report(&side, Done { dropped, ..Done::default() }, false).await;
-                if !more.is_empty() {
-                    let _ = side.offload_tx.send(more);
-                }
+                report_and_queue(&side, Done { dropped, ..Done::default() }, false).await;
             }
         }
+    }
+}
+
+/// Reports to metad and queues the further orders it answers with.
+async fn report_and_queue(side: &Sidecar, done: Done, poll: bool) {
+    let more = report(side, done, poll).await;
+    if !more.is_empty() {
+        let _ = side.offload_tx.send(more);
     }
 }
 
