@@ -13,7 +13,13 @@ pub struct Leases {
     until: HashMap<Version, (u64, Box<str>)>,
     /// Freed extents waiting for their object's lease to end: (end, seq) → what to free.
     waiting: BTreeMap<(u64, u64), (SegmentId, Vec<Extent>)>,
+    /// Bytes of `waiting`.
+    waiting_bytes: u64,
     seq: u64,
+}
+
+fn bytes_of(extents: &[Extent]) -> u64 {
+    extents.iter().map(|e| e.len).sum()
 }
 
 impl Leases {
@@ -48,6 +54,7 @@ impl Leases {
         match self.until.get(v) {
             Some(&(t, _)) if t > now_ms => {
                 self.seq += 1;
+                self.waiting_bytes += bytes_of(&extents);
                 self.waiting.insert((t, self.seq), (seg, extents));
                 None
             }
@@ -63,7 +70,9 @@ impl Leases {
             if entry.key().0 > now_ms {
                 break;
             }
-            out.push(entry.remove());
+            let (seg, extents) = entry.remove();
+            self.waiting_bytes -= bytes_of(&extents).min(self.waiting_bytes);
+            out.push((seg, extents));
         }
         out
     }
@@ -71,6 +80,12 @@ impl Leases {
     /// Drops waiting extents of an unmounted segment.
     pub fn drop_segment(&mut self, seg: &SegmentId) {
         self.waiting.retain(|_, (s, _)| s != seg);
+        self.waiting_bytes = self.waiting.values().map(|(_, es)| bytes_of(es)).sum();
+    }
+
+    /// Bytes freed but held until a lease ends: in use now, free within a lease's time.
+    pub fn waiting_bytes(&self) -> u64 {
+        self.waiting_bytes
     }
 
     /// Every extent waiting for a lease to end.
@@ -112,8 +127,11 @@ mod tests {
         assert!(l
             .hold_if_leased(&v, seg, vec![Extent::new(0, 64)], 50)
             .is_none());
+        assert_eq!(l.waiting_bytes(), 64);
         assert!(l.expire(99).is_empty());
+        assert_eq!(l.waiting_bytes(), 64);
         assert_eq!(l.expire(100), vec![(seg, vec![Extent::new(0, 64)])]);
+        assert_eq!(l.waiting_bytes(), 0);
         assert!(!l.active(&v, 100));
         assert!(l.active_keys(100).is_empty());
         let other = Version { term: 1, id: 2 };

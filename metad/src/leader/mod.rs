@@ -807,7 +807,10 @@ impl Leader {
         if total == 0 {
             return;
         }
-        let used = total - free;
+        // Memory held for a lease on an object already moved or dropped frees itself when the
+        // lease ends: offloading more for it would go below the target (readers polling the
+        // objects being offloaded hold all of them).
+        let used = (total - free).saturating_sub(self.leases.waiting_bytes());
         let target =
             (total as f64 * (self.cfg.offload_watermark - self.cfg.eviction_ratio).max(0.0)) as u64;
         // Hysteresis: offload starts above the watermark and goes on down to the target.
@@ -902,9 +905,11 @@ impl Leader {
         if total == 0 {
             return None;
         }
-        // Bytes being offloaded will be free soon: only a reservation that finds no space
-        // (`extra`) evicts before they are.
-        let used = (total - free).saturating_sub(self.offloads.in_flight_bytes());
+        // Bytes being offloaded, and bytes held only for the lease of an object already gone,
+        // will be free soon: only a reservation that finds no space (`extra`) evicts before.
+        let used = (total - free)
+            .saturating_sub(self.offloads.in_flight_bytes())
+            .saturating_sub(self.leases.waiting_bytes());
         let high = (total as f64 * self.cfg.eviction_high_watermark) as u64;
         let target =
             (total as f64 * (self.cfg.eviction_high_watermark - self.cfg.eviction_ratio)) as u64;

@@ -114,7 +114,7 @@ impl Offloads {
         self.in_flight.contains_key(key)
     }
 
-    /// Bytes ordered and not reported yet.
+    /// Bytes ordered whose move has not been applied yet (nor failed).
     pub fn in_flight_bytes(&self) -> u64 {
         self.in_flight_bytes
     }
@@ -124,6 +124,14 @@ impl Offloads {
         self.reported(key);
         self.backoff
             .insert(key.to_string(), now_ms.saturating_add(FAILED_BACKOFF_MS));
+    }
+
+    /// A node's report, noted before its moves are proposed: the failed orders back off; the
+    /// moves done stay in flight until their `MoveToDisk` applies ([`Offloads::reported`]).
+    pub fn on_report(&mut self, failed: &[String], now_ms: u64) {
+        for k in failed {
+            self.failed(k, now_ms);
+        }
     }
 
     /// Whether `key` may not be ordered yet (its last order failed recently).
@@ -145,7 +153,11 @@ impl Offloads {
         self.in_flight_bytes -= freed.min(self.in_flight_bytes);
     }
 
-    /// The order for `key` was reported (done or not).
+    /// The order for `key` ended: its move was applied (which frees its memory in the same
+    /// step) or it failed. A move the node reported done stays in flight until then: between
+    /// the report and the commit the memory is still in use, and counting it free would order
+    /// the same bytes a second time (the pool then falls far below the offload target, and
+    /// the disks evict what they took first).
     pub fn reported(&mut self, key: &str) {
         if let Some((_, _, b)) = self.in_flight.remove(key) {
             self.in_flight_bytes -= b.min(self.in_flight_bytes);

@@ -650,6 +650,89 @@ fn above_the_offload_watermark_nodes_with_disks_move_objects_out_of_memory() {
     assert!(core.sm().counters().dead_node_dropped_objects >= dead + orders.len() as u64 - 1);
 }
 
+/// A node reports its moves done before the leader commits them: until the commit frees the
+/// memory, those bytes are still on their way out, and ordering more for them would offload
+/// far below the target (the bench's disk rows lost their objects to the disks' eviction so).
+#[test]
+fn moves_reported_but_not_yet_committed_are_not_ordered_again() {
+    offload_stops_at_the_target(false);
+}
+
+/// The memory of a moved object that a reader leases is held until the lease ends; it frees
+/// itself, and ordering more for it would offload below the target (a reader polling the
+/// objects being offloaded leases all of them).
+#[test]
+fn memory_held_for_leases_of_moved_objects_is_not_offloaded_twice() {
+    offload_stops_at_the_target(true);
+}
+
+/// 220 of 256 pages used; offload to 75 %, with the ordered objects leased when `leased`.
+fn offload_stops_at_the_target(leased: bool) {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    heartbeat_with_disk(&mut core, t0);
+    for i in 0..220 {
+        put_and_commit(&mut core, &put(&format!("k{i}"), 0), t0);
+    }
+    let t1 = at(2_000, t0.wall_ms + 1_000);
+    {
+        let (l, sm) = core.leader_parts().unwrap();
+        l.tick(sm, t1, true);
+    }
+    let orders = heartbeat_with_disk(&mut core, t1);
+    assert!(!orders.is_empty());
+    let ordered = orders.len() as u64;
+    // The node reports every move done; `disk_report` notes it before it proposes them.
+    let t2 = at(2_100, t1.wall_ms + 100);
+    {
+        let (l, sm) = core.leader_parts().unwrap();
+        if leased {
+            let keys: Vec<String> = orders.iter().map(|o| o.key.clone()).collect();
+            assert!(l.get(sm, &keys, 0, t2).iter().all(Option::is_some));
+        }
+        l.offloads.on_report(&[], t2.mono_ms);
+        assert_eq!(l.offloads.in_flight_bytes(), ordered * 4096);
+        l.plan_offloads(sm, t2);
+        l.tick(sm, t2, true);
+    }
+    assert!(
+        heartbeat_with_disk(&mut core, t2).is_empty(),
+        "the reported moves still count as on their way out"
+    );
+    let node = core.sm().segments().next().unwrap().id.node;
+    let items: Vec<crate::command::DiskMove> = orders
+        .iter()
+        .map(|o| crate::command::DiskMove {
+            key: o.key.clone(),
+            version: o.version,
+            disk: 0,
+        })
+        .collect();
+    core.apply(&Command::MoveToDisk { node, items }, t2);
+    let t3 = at(2_200, t2.wall_ms + 100);
+    {
+        let (l, sm) = core.leader_parts().unwrap();
+        assert_eq!(l.offloads.in_flight_bytes(), 0, "applied moves end their orders");
+        let held = if leased { ordered * 4096 } else { 0 };
+        assert_eq!(l.leases.waiting_bytes(), held);
+        l.plan_offloads(sm, t3);
+        l.tick(sm, t3, true);
+    }
+    assert!(
+        heartbeat_with_disk(&mut core, t3).is_empty(),
+        "at the offload target once the moves are committed"
+    );
+    let s = core.sm().segments().next().unwrap();
+    assert!(
+        s.used as f64 >= s.capacity as f64 * 0.74,
+        "offloaded down to the target, not below it: {} of {}",
+        s.used,
+        s.capacity
+    );
+}
+
 #[test]
 fn without_disks_nothing_is_ordered_and_eviction_drops_as_before() {
     let t0 = at(1_000, 1_700_000_000_000);

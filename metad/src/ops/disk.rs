@@ -50,13 +50,7 @@ impl Ops {
         let (unknown, missing) = {
             let mut core = self.core.lock();
             let (l, sm) = core.leader_parts().ok_or(Error::NoLeaderState)?;
-            for m in &r.moved {
-                l.offloads.reported(&m.key);
-            }
-            let now = self.clock.now();
-            for k in &r.failed {
-                l.offloads.failed(k, now.mono_ms);
-            }
+            l.offloads.on_report(&r.failed, self.clock.now().mono_ms);
             let mut unknown = Vec::new();
             let mut missing = Vec::new();
             if r.inventory {

@@ -43,6 +43,19 @@ pub const FILL_TO: f64 = 0.85;
 /// Pool use held while the disk-only objects are read: below metad's default offload
 /// watermark (0.8: no more offload), above its promotion limit (0.75: no promotion).
 pub const HOLD_AT: f64 = 0.78;
+/// Pool use below which offload has ended: metad offloads down to `offload_watermark -
+/// eviction_ratio` (0.75 by default) once it started.
+const OFFLOAD_LOW: f64 = 0.76;
+/// Pool use of a fill after the first: just above the offload watermark, so that a cycle moves
+/// as few fillers as it can to the disks.
+const REFILL_TO: f64 = 0.82;
+/// Fills of the pool while the measured objects are pushed to the disks, at most (and top-ups
+/// to [`HOLD_AT`] after).
+const FILL_CYCLES: u32 = 4;
+/// Pool use is taken as settled when two readings this far apart agree.
+const SETTLE_GAP: Duration = Duration::from_millis(500);
+/// How long the bench waits for pool use to settle.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the objects read may take to reach the disks.
 const PUSH_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bytes of the disk ceilings' file.
@@ -213,7 +226,8 @@ pub(super) async fn run(
             .collect();
         eprint!("\r\x1b[2K[disk] filling the pool above the offload watermark...");
         let (mut fillers, pushed) = push_to_disk(client, &env, metad, &keys).await;
-        fillers.extend(fill_to(client, &env, HOLD_AT, fillers.len()).await);
+        let held = hold(client, &env, fillers.len()).await;
+        fillers.extend(held);
         if let Err(e) = &pushed {
             eprintln!("\n{e}");
         }
@@ -376,21 +390,24 @@ async fn pool_use(client: &AsyncClient) -> Option<f64> {
     (s.bytes_total > 0).then(|| s.bytes_used as f64 / s.bytes_total as f64)
 }
 
-/// Fills the pool to [`FILL_TO`] with soft-pinned fillers until every key of `keys` is only on
-/// its owner's disk. Returns the fillers put (to remove) and whether it got there.
+/// Fills the pool to [`FILL_TO`] with soft-pinned fillers once, then waits until every key of
+/// `keys` is only on its owner's disk. Returns the fillers put (to remove) and whether it got
+/// there.
+///
+/// The fill is not topped up while offload runs: once started, offload goes on down to
+/// `offload_watermark - eviction_ratio`, so a fill that kept the pool above the watermark would
+/// cycle fillers through the disks without end, and the disks' own eviction (least recently
+/// used bucket first) would drop the measured objects, which went there first. Only after a cycle
+/// ended with objects still in memory (an offload that failed, retried by metad in the next
+/// cycle) is the pool filled again, to just above the watermark, at most [`FILL_CYCLES`] times.
 async fn push_to_disk(
     client: &AsyncClient,
     env: &Env,
     metad: &MetadClient,
     keys: &[(String, String)],
 ) -> (Vec<String>, Result<()>) {
-    let cfg = ReplicateConfig {
-        soft_pin: true,
-        soft_pin_ttl: Some(PIN_TTL),
-        ..Default::default()
-    };
-    let value = super::value_of(env.run ^ 0xF111, FILLER);
     let mut fillers = Vec::new();
+    let mut cycles = 0;
     let deadline = Instant::now() + PUSH_TIMEOUT;
     loop {
         let on_disk = disk_only_on(metad, keys).await;
@@ -402,27 +419,26 @@ async fn push_to_disk(
             return (
                 fillers,
                 Err(Error::Failed(format!(
-                    "only {done} of {} objects reached the disks within {PUSH_TIMEOUT:?} (metad's --offload-watermark must be below {FILL_TO})",
+                    "only {done} of {} objects reached the disks within {PUSH_TIMEOUT:?} after {cycles} fill(s) of the pool (metad's --offload-watermark must be below {REFILL_TO})",
                     keys.len()
                 ))),
             );
         }
-        match pool_use(client).await {
-            Some(u) if u < FILL_TO => {
-                for _ in 0..4 {
-                    let k = key(env, "fill", fillers.len() as u64);
-                    if client.put(&k, &value, &cfg).await.is_ok() {
-                        fillers.push(k);
-                    }
-                }
-            }
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        let idle = pool_use(client).await.is_some_and(|u| u < OFFLOAD_LOW);
+        if idle && cycles < FILL_CYCLES {
+            let to = if cycles == 0 { FILL_TO } else { REFILL_TO };
+            let more = fill_to(client, env, to, fillers.len()).await;
+            fillers.extend(more);
+            cycles += 1;
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 /// Soft-pinned fillers put until the pool is at `share` of its memory (numbered on from
-/// `first`); answers their keys.
+/// `first`); answers their keys. It puts no more than the bytes missing when it starts: offload
+/// may free memory as fast as the puts take it, and a fill that chased the share would then
+/// cycle fillers through the disks.
 async fn fill_to(client: &AsyncClient, env: &Env, share: f64, first: usize) -> Vec<String> {
     let cfg = ReplicateConfig {
         soft_pin: true,
@@ -431,7 +447,12 @@ async fn fill_to(client: &AsyncClient, env: &Env, share: f64, first: usize) -> V
     };
     let value = super::value_of(env.run ^ 0xF111, FILLER);
     let mut fillers = Vec::new();
-    while pool_use(client).await.is_some_and(|u| u < share) {
+    let Ok(s) = client.stats().await else {
+        return fillers;
+    };
+    let want = (s.bytes_total as f64 * share) as u64;
+    let budget = want.saturating_sub(s.bytes_used).div_ceil(FILLER);
+    while (fillers.len() as u64) < budget && pool_use(client).await.is_some_and(|u| u < share) {
         let k = key(env, "fill", (first + fillers.len()) as u64);
         match client.put(&k, &value, &cfg).await {
             Ok(_) => fillers.push(k),
@@ -439,6 +460,37 @@ async fn fill_to(client: &AsyncClient, env: &Env, share: f64, first: usize) -> V
         }
     }
     fillers
+}
+
+/// Tops the pool up to [`HOLD_AT`] once offload has settled, and answers the fillers put.
+/// Offload goes on for a while after the measured objects reached the disks (the fillers
+/// ordered with them); a pool left below the promotion limit would bring the objects read
+/// back to memory, and offload would then move them, or other fillers, out again.
+async fn hold(client: &AsyncClient, env: &Env, first: usize) -> Vec<String> {
+    let mut fillers = Vec::new();
+    for _ in 0..FILL_CYCLES {
+        let u = settled_use(client).await;
+        if u.is_none_or(|u| u >= HOLD_AT - 0.01) {
+            break;
+        }
+        fillers.extend(fill_to(client, env, HOLD_AT, first + fillers.len()).await);
+    }
+    fillers
+}
+
+/// Pool use once it stopped changing (two readings [`SETTLE_GAP`] apart agree), waiting
+/// [`SETTLE_TIMEOUT`] at most.
+async fn settled_use(client: &AsyncClient) -> Option<f64> {
+    let deadline = Instant::now() + SETTLE_TIMEOUT;
+    let mut last = pool_use(client).await?;
+    loop {
+        tokio::time::sleep(SETTLE_GAP).await;
+        let now = pool_use(client).await?;
+        if now == last || Instant::now() > deadline {
+            return Some(now);
+        }
+        last = now;
+    }
 }
 
 async fn remove_keys(client: &AsyncClient, keys: &[String]) {
