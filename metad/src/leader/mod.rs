@@ -507,7 +507,11 @@ impl Leader {
 
     // ------------------------------------------------------------------ reads
 
-    /// Placements for a get, granting a read lease on each object found.
+    /// Placements for a get. A node's get (`requester` not 0) is a read: it refreshes the
+    /// object's recency, takes a read lease and may promote it. A tool asking metad directly
+    /// (no requester) only looks: an operator's or a benchmark's poll must neither keep the
+    /// objects it watches hot for eviction and offload nor hold the memory of those that
+    /// move (answered `lease_ms` 0).
     pub fn get(
         &mut self,
         sm: &mut StateMachine,
@@ -517,13 +521,16 @@ impl Leader {
     ) -> Vec<Option<Placement>> {
         let until = now.mono_ms.saturating_add(self.cfg.lease_ttl_ms);
         let access = access_s(now);
+        let reads = requester != 0;
         keys.iter()
             .map(|k| {
-                let obj = sm.touch_object(k, access)?.clone();
-                self.leases.grant(obj.version, k, until);
-                // A node's read is a hit; a tool asking metad directly (no requester) only
-                // looks.
-                if requester != 0 {
+                let obj = if reads {
+                    sm.touch_object(k, access)?.clone()
+                } else {
+                    sm.object(k)?.clone()
+                };
+                if reads {
+                    self.leases.grant(obj.version, k, until);
                     self.promote_on_hit(sm, k, &obj, now);
                 }
                 let mut replicas: Vec<PlacedReplica> = obj
@@ -545,7 +552,7 @@ impl Leader {
                     checksum: obj.checksum,
                     version: obj.version,
                     replicas,
-                    lease_ms: self.cfg.lease_ttl_ms,
+                    lease_ms: if reads { self.cfg.lease_ttl_ms } else { 0 },
                 })
             })
             .collect()

@@ -292,7 +292,8 @@ fn an_upsert_replaces_the_object_and_old_extents_wait_for_their_leases() {
         "a plain put of an existing key is still refused"
     );
     // A reader holds a lease on the old version while the upsert lands.
-    assert!(l.get(sm, &["k".to_string()], 0, t0)[0].is_some());
+    let reader = sm.segments().next().map_or(0, |s| s.id.node);
+    assert!(l.get(sm, &["k".to_string()], reader, t0)[0].is_some());
 
     let cmd = put_and_commit(&mut core, &upsert("k"), t0);
     assert!(matches!(cmd, Command::UpsertPut { .. }), "got {cmd:?}");
@@ -690,7 +691,8 @@ fn offload_stops_at_the_target(leased: bool) {
         let (l, sm) = core.leader_parts().unwrap();
         if leased {
             let keys: Vec<String> = orders.iter().map(|o| o.key.clone()).collect();
-            assert!(l.get(sm, &keys, 0, t2).iter().all(Option::is_some));
+            let reader = sm.segments().next().map_or(0, |s| s.id.node);
+            assert!(l.get(sm, &keys, reader, t2).iter().all(Option::is_some));
         }
         l.offloads.on_report(&[], t2.mono_ms);
         assert_eq!(l.offloads.in_flight_bytes(), ordered * 4096);
@@ -714,7 +716,11 @@ fn offload_stops_at_the_target(leased: bool) {
     let t3 = at(2_200, t2.wall_ms + 100);
     {
         let (l, sm) = core.leader_parts().unwrap();
-        assert_eq!(l.offloads.in_flight_bytes(), 0, "applied moves end their orders");
+        assert_eq!(
+            l.offloads.in_flight_bytes(),
+            0,
+            "applied moves end their orders"
+        );
         let held = if leased { ordered * 4096 } else { 0 };
         assert_eq!(l.leases.waiting_bytes(), held);
         l.plan_offloads(sm, t3);
@@ -921,6 +927,34 @@ fn a_placement_asked_for_by_no_node_promotes_nothing() {
     assert!(promotions(&mut core, t0).is_empty());
     get(&mut core, "k", t0).expect("found");
     assert_eq!(promotions(&mut core, t0).len(), 1);
+}
+
+#[test]
+fn a_placement_asked_for_by_no_node_neither_leases_nor_refreshes_recency() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    put_and_commit(&mut core, &put("old", 0), t0);
+    let t1 = at(5_000, t0.wall_ms + 4_000);
+    put_and_commit(&mut core, &put("new", 0), t1);
+    let t2 = at(9_000, t0.wall_ms + 8_000);
+    let (l, sm) = core.leader_parts().unwrap();
+    let looked = l.get(sm, &["old".to_string()], 0, t2)[0]
+        .clone()
+        .expect("found");
+    assert_eq!(looked.lease_ms, 0, "a look grants no lease");
+    assert_eq!(l.leases().len(), 0);
+    let access = |sm: &StateMachine, k: &str| sm.object(k).map(|o| o.access_s);
+    assert_eq!(
+        access(sm, "old"),
+        Some(1),
+        "a look keeps the object's recency"
+    );
+    assert!(access(sm, "old") < access(sm, "new"));
+    let read = get(&mut core, "old", t2).expect("found");
+    assert!(read.lease_ms > 0, "a node's read is leased");
+    assert_eq!(access(core.sm(), "old"), Some(9), "and refreshes recency");
 }
 
 #[test]

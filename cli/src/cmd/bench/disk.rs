@@ -100,6 +100,10 @@ pub struct DiskReport {
     /// The offload row (absent when filtered out).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offload: Option<OffloadRow>,
+    /// Why the measured objects did not all reach the disks before the rows (each row then
+    /// counts one error); absent when they did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub push_error: Option<String>,
 }
 
 /// A get row of disk-only objects: the memory rows' fields and what the ratio is taken to.
@@ -219,6 +223,7 @@ pub(super) async fn run(
         measured.push(put_measured(client, &env, mode, size, n, owner).await);
     }
     let mut results = Vec::new();
+    let mut push_error = None;
     if !measured.is_empty() {
         let keys: Vec<(String, String)> = measured
             .iter()
@@ -230,6 +235,7 @@ pub(super) async fn run(
         fillers.extend(held);
         if let Err(e) = &pushed {
             eprintln!("\n{e}");
+            push_error = Some(e.to_string());
         }
         for m in &measured {
             eprint!(
@@ -258,6 +264,7 @@ pub(super) async fn run(
         ceilings,
         results,
         offload,
+        push_error,
     })
 }
 
