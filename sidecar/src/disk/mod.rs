@@ -1,6 +1,8 @@
 //! The node's disk tier (docs/ssd.md): one or more disks (`--disk PATH[:SIZE]`), each a
 //! directory of bucket files with its own space accounting, eviction order and failure domain.
 //!
+//! * [`direct`] — aligned buffers, vectored `O_DIRECT` reads and writes, and the two-stage
+//!   pipeline that reads one piece of a value while the caller hashes the one before.
 //! * [`format`] — the on-disk format: label, bucket headers, records (pure encoding).
 //! * [`layout`] — where records lie, sans-I/O: buckets, epochs, the key map, space, the
 //!   disk's LRU and compaction candidates.
@@ -9,6 +11,7 @@
 //! * [`tier`] — the node's disks together: opened at start, probed and compacted in the
 //!   background, each failing alone.
 
+pub mod direct;
 pub mod format;
 pub mod layout;
 pub mod store;

@@ -5,8 +5,11 @@
 //! I/O is `O_DIRECT` where the file system allows it (measured on this project's machines:
 //! sequential writes 1.5 GB/s direct against 0.31 GB/s buffered with `fdatasync`, cold reads
 //! 1.7 against 1.6 GB/s, and no second copy of every object in the page cache; docs/ssd.md),
-//! buffered with `fdatasync` elsewhere (tmpfs). Bytes pass through page-aligned buffers of
-//! [`IO_CHUNK`] bytes at most.
+//! buffered with `fdatasync` elsewhere. Writes pass through page-aligned buffers of
+//! [`IO_CHUNK`] bytes at most. A read of a value on a block boundary (64 KiB and more) lands
+//! straight in the destination where that is aligned (a registered buffer), else through
+//! the read buffer's slots, in pieces of [`direct::PIECE`]: a helper thread reads the next
+//! piece while the caller hashes the one before (`examples/disk_read_speed.rs` measures it).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -15,11 +18,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use memmap2::MmapMut;
 use parking_lot::Mutex;
 use regolith_proto::checksum;
 use regolith_proto::common::Version;
 
+use super::direct::{self, AlignedBuf};
 use super::format::{
     align_block, bucket_file_name, decode_record_head, encode_record_head, parse_bucket_file_name,
     BucketHeader, Label, NotARecord, RecordShape, BLOCK, FORMAT, LABEL_FILE,
@@ -30,6 +33,8 @@ use crate::error::{Error, Result};
 
 /// Largest single read or write, and the size of the aligned buffers bytes pass through.
 pub const IO_CHUNK: usize = 8 << 20;
+/// A read buffer: room for a record's head, one block and two pieces of a pipelined read.
+const READ_BUF: usize = HEAD_ROOM + BLOCK as usize + 2 * direct::PIECE;
 /// Bucket size of a new disk when not given: an eighth of the capacity, within these bounds.
 pub const MIN_BUCKET: u64 = 1 << 20;
 pub const MAX_BUCKET: u64 = 256 << 20;
@@ -148,20 +153,6 @@ pub struct Disk {
     /// the next upkeep round ([`Disk::notify_failure`]).
     on_failure: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
     pub stats: DiskStats,
-}
-
-/// A page-aligned buffer (anonymous mapping) for `O_DIRECT` I/O.
-struct AlignedBuf(MmapMut);
-
-impl AlignedBuf {
-    fn new(len: usize) -> Result<Self> {
-        MmapMut::map_anon(len.max(BLOCK as usize))
-            .map(Self)
-            .map_err(|source| Error::Os {
-                what: format!("disk I/O buffer of {len} bytes"),
-                source,
-            })
-    }
 }
 
 fn io_err(path: &Path, op: &str, source: std::io::Error) -> Error {
@@ -338,7 +329,9 @@ impl Disk {
                 (key, e)
             };
             let file = self.bucket_file(e.bucket, false)?;
-            let read = self.with_read_buf(|buf| read_range_with(buf, &file, &e, offset, dst));
+            let read = self.with_read_buf(|buf| {
+                read_range_with(buf, &file, self.direct, &e, offset, dst).map(|()| true)
+            });
             // A bucket is reused only once nothing in it is linked: with the entry unchanged
             // after the read, the bytes read were this record's.
             if read.is_ok() && self.inner.lock().layout.peek(&key) != Some(&e) {
@@ -672,7 +665,7 @@ impl Disk {
     ) -> std::io::Result<T> {
         let mut held = match self.read_bufs.lock().pop() {
             Some(b) => b,
-            None => AlignedBuf::new(IO_CHUNK).map_err(|e| std::io::Error::other(e.to_string()))?,
+            None => AlignedBuf::new(READ_BUF).map_err(|e| std::io::Error::other(e.to_string()))?,
         };
         let r = f(&mut held.0[..]);
         let mut pool = self.read_bufs.lock();
@@ -691,49 +684,138 @@ impl Disk {
         dst: &mut [u8],
         hashes: &mut [u64],
     ) -> std::io::Result<RecordRead> {
-        let mut pos = e.offset;
-        let end = e.offset + e.shape.len;
-        let mut copied = 0usize;
-        let mut first = true;
-        while pos < end {
-            let n = ((end - pos) as usize).min(IO_CHUNK);
-            read_exact_at(file, &mut buf[..n], pos)?;
-            let mut from = 0usize;
-            if first {
-                first = false;
-                match decode_record_head(&buf[..n]) {
-                    Ok(h) if h.key == key && h.version == e.version && h.epoch == e.epoch => {
-                        if h.checksum != e.checksum || h.shape != e.shape {
-                            return Ok(RecordRead::Damaged);
-                        }
-                    }
-                    // Another record (or none) now lies there: the bucket was reused after
-                    // a compaction moved this one.
-                    Ok(_) | Err(NotARecord::NoMagic) => {
-                        let inner = self.inner.lock();
-                        return Ok(if inner.layout.peek(key) != Some(e) {
-                            RecordRead::Moved
-                        } else {
-                            RecordRead::Damaged
-                        });
-                    }
-                    Err(_) => return Ok(self.damaged_unless_moved(key, e)),
-                }
-                from = e.shape.value_off as usize;
-            }
-            let value_left = dst.len() - copied;
-            let take = (n - from).min(value_left);
-            dst[copied..copied + take].copy_from_slice(&buf[from..from + take]);
-            copied += take;
-            pos += n as u64;
-        }
         let seed = e.version.seed();
-        checksum::hash_chunks(seed, dst, hashes);
+        let head_len = e.shape.value_off as usize;
+        // A value on a block boundary (64 KiB and more) is read straight into `dst` where it
+        // is aligned; a small one shares its first block with the head: one read of it all.
+        if self.direct && e.shape.value_off % BLOCK != 0 {
+            self.read_small_record(buf, file, e, dst, hashes)?;
+        } else if head_len > HEAD_ROOM {
+            return Ok(self.damaged_unless_moved(key, e));
+        } else {
+            self.read_value(buf, file, e.offset, head_len, dst, seed, hashes)?;
+        }
+        if let Some(bad) = self.head_verdict(&buf[..head_len], key, e) {
+            return Ok(bad);
+        }
         Ok(if checksum::combine(seed, hashes) == e.checksum {
             RecordRead::Good
         } else {
             self.damaged_unless_moved(key, e)
         })
+    }
+
+    /// Whether the head of `e`'s record, as read, says it is still `key`'s record of that
+    /// version: None if so, else what the read amounts to.
+    fn head_verdict(&self, head: &[u8], key: &str, e: &Entry) -> Option<RecordRead> {
+        match decode_record_head(head) {
+            Ok(h) if h.key == key && h.version == e.version && h.epoch == e.epoch => {
+                (h.checksum != e.checksum || h.shape != e.shape).then_some(RecordRead::Damaged)
+            }
+            // Another record (or none) now lies there: the bucket was reused after a
+            // compaction moved this one, or the bytes are damaged.
+            _ => Some(self.damaged_unless_moved(key, e)),
+        }
+    }
+
+    /// A record whose value does not start on a block boundary (under 64 KiB): read whole
+    /// into `buf` (its head stays at the start), the value copied out and hashed in one pass.
+    fn read_small_record(
+        &self,
+        buf: &mut [u8],
+        file: &File,
+        e: &Entry,
+        dst: &mut [u8],
+        hashes: &mut [u64],
+    ) -> std::io::Result<()> {
+        let n = e.shape.len as usize;
+        if n > buf.len() {
+            return Err(std::io::Error::other(format!(
+                "record of {n} bytes read through a buffer of {}",
+                buf.len()
+            )));
+        }
+        read_exact_at(file, &mut buf[..n], e.offset)?;
+        let from = e.shape.value_off as usize;
+        checksum::copy_and_hash(e.version.seed(), dst, &buf[from..from + dst.len()], hashes);
+        Ok(())
+    }
+
+    /// Reads a record's head (`head_len` bytes from `pos`, into the start of `buf`) and its
+    /// block-aligned value (into `dst`, hashed into `hashes`) in pieces of [`direct::PIECE`]:
+    /// straight into `dst` where `O_DIRECT` allows it (`dst` aligned; the last partial block
+    /// through `buf`), else through slots of `buf` with a fused copy and hash; a helper thread
+    /// reads the next piece while this one hashes the last. The bytes hashed are the bytes
+    /// delivered.
+    #[allow(clippy::too_many_arguments)]
+    fn read_value(
+        &self,
+        buf: &mut [u8],
+        file: &File,
+        pos: u64,
+        head_len: usize,
+        dst: &mut [u8],
+        seed: u64,
+        hashes: &mut [u64],
+    ) -> std::io::Result<()> {
+        let direct = self.direct;
+        let in_place = !direct || direct::aligned(dst.as_ptr());
+        let threaded = dst.len() >= direct::PIPELINE_FROM;
+        let (head, rest) = buf.split_at_mut(HEAD_ROOM);
+        let (tail_block, slots) = rest.split_at_mut(BLOCK as usize);
+        let free: std::cell::RefCell<Vec<&mut [u8]>> = std::cell::RefCell::new(
+            slots
+                .chunks_mut(direct::PIECE)
+                .filter(|s| s.len() == direct::PIECE)
+                .collect(),
+        );
+        let depth = free.borrow().len().min(3);
+        let value_len = dst.len();
+        let mut pieces = dst.chunks_mut(direct::PIECE).enumerate();
+        let mut head = Some(&mut head[..head_len]);
+        let mut tail_block = Some(tail_block);
+        direct::pipeline(
+            threaded,
+            depth,
+            || {
+                let Some((i, d)) = pieces.next() else {
+                    return Ok(None);
+                };
+                let at = i * direct::PIECE;
+                let via = if !in_place {
+                    let slot = free.borrow_mut().pop().ok_or_else(|| {
+                        std::io::Error::other("no free read slot (pipeline deeper than its slots)")
+                    })?;
+                    Via::Bounce(slot)
+                } else if direct && at + d.len() == value_len && d.len() % BLOCK as usize != 0 {
+                    Via::Tail(tail_block.take().unwrap_or_default())
+                } else {
+                    Via::InPlace
+                };
+                let head = head.take();
+                let head_n = head.as_ref().map_or(0, |h| h.len()) as u64;
+                Ok(Some(ReadPiece {
+                    pos: pos + head_len as u64 + at as u64 - head_n,
+                    at,
+                    head,
+                    dst: d,
+                    via,
+                }))
+            },
+            |p| p.read(file, direct),
+            |p| {
+                let first = p.at / checksum::CHUNK;
+                let hs = &mut hashes[first..first + checksum::chunk_count(p.dst.len() as u64)];
+                match p.via {
+                    Via::Bounce(slot) => {
+                        checksum::copy_and_hash(seed, p.dst, &slot[..p.dst.len()], hs);
+                        free.borrow_mut().push(slot);
+                    }
+                    _ => checksum::hash_chunks(seed, p.dst, hs),
+                }
+                Ok(())
+            },
+        )
     }
 
     /// Whether the record of `e` fails its checksum read into memory of this process alone
@@ -866,34 +948,32 @@ impl Disk {
     }
 }
 
-/// Reads `dst.len()` bytes of `e`'s value from `offset` on, after checking that the record's
-/// head still names its version and epoch.
+/// Reads `dst.len()` bytes of `e`'s value from `offset` on: straight into `dst` where it can
+/// take an `O_DIRECT` read, else through `buf`.
 fn read_range_with(
     buf: &mut [u8],
     file: &File,
+    direct: bool,
     e: &Entry,
     offset: u64,
     dst: &mut [u8],
-) -> std::io::Result<bool> {
-    read_exact_at(file, &mut buf[..BLOCK as usize], e.offset)?;
-    match decode_record_head(&buf[..BLOCK as usize]) {
-        Ok(h) if h.version == e.version && h.epoch == e.epoch => {}
-        // A key longer than one block: the fixed header's fields were checked by the hash
-        // only once the key is read; read the whole head.
-        Err(NotARecord::Short { need }) => {
-            let n = align_block(need as u64) as usize;
-            if n > buf.len() {
-                return Ok(false);
-            }
-            read_exact_at(file, &mut buf[..n], e.offset)?;
-            match decode_record_head(&buf[..n]) {
-                Ok(h) if h.version == e.version && h.epoch == e.epoch => {}
-                _ => return Ok(false),
-            }
-        }
-        _ => return Ok(false),
-    }
+) -> std::io::Result<()> {
     let start = e.offset + e.shape.value_off + offset;
+    if !direct || (start % BLOCK == 0 && direct::aligned(dst.as_ptr())) {
+        let via = if direct && dst.len() % BLOCK as usize != 0 {
+            Via::Tail(&mut buf[..BLOCK as usize])
+        } else {
+            Via::InPlace
+        };
+        return ReadPiece {
+            pos: start,
+            at: 0,
+            head: None,
+            dst,
+            via,
+        }
+        .read(file, direct);
+    }
     let end = start + dst.len() as u64;
     let mut pos = start / BLOCK * BLOCK;
     let mut copied = 0usize;
@@ -906,7 +986,7 @@ fn read_range_with(
         copied += take;
         pos += n as u64;
     }
-    Ok(true)
+    Ok(())
 }
 
 fn to_dropped(records: Vec<(String, Entry)>) -> Vec<Dropped> {
@@ -923,6 +1003,67 @@ enum RecordRead {
     Good,
     Moved,
     Damaged,
+}
+
+/// Room for a record's head at the start of a read buffer: the longest key's head.
+const HEAD_ROOM: usize = 128 << 10;
+
+/// Where one piece of a value is read to.
+enum Via<'a> {
+    /// Straight into its destination.
+    InPlace,
+    /// Its whole blocks straight into the destination, the last partial one through this
+    /// block (`O_DIRECT` reads whole blocks).
+    Tail(&'a mut [u8]),
+    /// Into this slot (the destination is not aligned for `O_DIRECT`), copied out after.
+    Bounce(&'a mut [u8]),
+}
+
+/// One piece of a value being read: `dst` is the value's bytes from `at` on.
+struct ReadPiece<'a> {
+    /// File position of the first byte read (the head's, when it comes along).
+    pos: u64,
+    at: usize,
+    /// The record's head, read in the same request as the first piece.
+    head: Option<&'a mut [u8]>,
+    dst: &'a mut [u8],
+    via: Via<'a>,
+}
+
+impl ReadPiece<'_> {
+    /// One vectored read of the piece (and the head), completed to its last byte.
+    fn read(&mut self, file: &File, direct: bool) -> std::io::Result<()> {
+        let len = self.dst.len();
+        let mut iov: Vec<std::io::IoSliceMut<'_>> = Vec::with_capacity(3);
+        if let Some(h) = self.head.as_deref_mut() {
+            iov.push(std::io::IoSliceMut::new(h));
+        }
+        match &mut self.via {
+            Via::InPlace => {
+                iov.push(std::io::IoSliceMut::new(self.dst));
+                direct::preadv_exact(file, &mut iov, self.pos)
+            }
+            Via::Tail(block) => {
+                let whole = len / BLOCK as usize * BLOCK as usize;
+                let (body, tail) = self.dst.split_at_mut(whole);
+                iov.push(std::io::IoSliceMut::new(body));
+                iov.push(std::io::IoSliceMut::new(&mut block[..BLOCK as usize]));
+                direct::preadv_exact(file, &mut iov, self.pos)?;
+                drop(iov);
+                tail.copy_from_slice(&block[..tail.len()]);
+                Ok(())
+            }
+            Via::Bounce(slot) => {
+                let n = if direct {
+                    align_block(len as u64) as usize
+                } else {
+                    len
+                };
+                iov.push(std::io::IoSliceMut::new(&mut slot[..n]));
+                direct::preadv_exact(file, &mut iov, self.pos)
+            }
+        }
+    }
 }
 
 /// Streams bytes into a file at consecutive offsets through an aligned buffer, writing whole
@@ -1329,6 +1470,74 @@ mod tests {
             ReadOutcome::Miss
         );
         assert_eq!(d.read("nope", None, &mut out).unwrap(), ReadOutcome::Miss);
+    }
+
+    /// Every way a value reaches its reader: small records (head and value in one block),
+    /// block-aligned values straight into an aligned destination, through the bounce slots
+    /// into an unaligned one, pipelined pieces (4 MiB and more) and a last partial block; on
+    /// a disk with `O_DIRECT` and one without (buffered I/O, as on a file system that refuses
+    /// it); whole values and ranges of them.
+    #[test]
+    fn values_of_every_size_read_back_into_aligned_and_unaligned_memory() {
+        let sizes = [
+            1_000usize,
+            70_000,
+            (256 << 10) + 7,
+            4 << 20,
+            (5 << 20) + 123,
+            (17 << 20) + 1,
+        ];
+        for buffered in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut d, _) = Disk::open(
+                DiskSpec {
+                    path: dir.path().to_path_buf(),
+                    size: Some(128 * MIB),
+                },
+                &DiskOptions {
+                    bucket_size: Some(32 * MIB),
+                },
+            )
+            .unwrap();
+            // Before any bucket file is opened: every one is then opened without O_DIRECT.
+            d.direct &= !buffered;
+            let mode = if d.direct { "O_DIRECT" } else { "buffered" };
+            let mut aligned = AlignedBuf::new((18 << 20) + 2 * BLOCK as usize).unwrap();
+            for (i, &len) in sizes.iter().enumerate() {
+                let key = format!("k{len}");
+                assert_eq!(put(&d, &key, i as u64, len), Written::Ok, "{mode} {len}");
+                let want = value(i as u64, len);
+                for shift in [0usize, 1, BLOCK as usize + 3] {
+                    let dst = &mut aligned.0[shift..shift + len];
+                    dst.fill(0);
+                    assert_eq!(
+                        d.read(&key, None, dst).unwrap(),
+                        ReadOutcome::Hit { len: len as u64 },
+                        "{mode} {len} at +{shift}"
+                    );
+                    assert!(dst[..] == want[..], "{mode} {len} at +{shift}: wrong bytes");
+                }
+                for (off, n) in [
+                    (0usize, len),
+                    (len / 2 / 4096 * 4096, len / 3),
+                    (1, len - 1),
+                ] {
+                    let n = n.min(len - off).max(1);
+                    for shift in [0usize, 5] {
+                        let dst = &mut aligned.0[shift..shift + n];
+                        dst.fill(0);
+                        assert!(
+                            d.read_range(&v(i as u64), off as u64, dst).unwrap(),
+                            "{mode} {len}: range {off}+{n} at +{shift}"
+                        );
+                        assert!(
+                            dst[..] == want[off..off + n],
+                            "{mode} {len}: range {off}+{n} at +{shift}: wrong bytes"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// A read into memory its owner keeps changing (a client that gave up on the read and

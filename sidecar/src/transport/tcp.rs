@@ -1246,7 +1246,8 @@ fn ok_read_reply(ctx: &ServerCtx, req: &Request) -> Reply {
     }
 }
 
-/// A read of a disk replica: the bytes come from the node's disk tier through a buffer.
+/// A read of a disk replica: the bytes come from the node's disk tier, read straight into a
+/// pooled page-aligned buffer (no zeroing, no bounce copy) and sent from it.
 async fn handle_disk_read(
     stream: &mut DataStream,
     peer: SocketAddr,
@@ -1254,24 +1255,34 @@ async fn handle_disk_read(
     nic: &NicCounters,
     req: &Request,
 ) -> Result<()> {
-    let mut buf = vec![0u8; req.len as usize];
+    let len = req.len as usize;
+    let mut buf = match crate::disk::direct::take_peer_buf(len) {
+        Ok(b) => b,
+        Err(e) => {
+            warn!(error = %e, "no buffer for a disk read");
+            ctx.count_refusal(peer, req, Status::Internal);
+            return send_reply(stream, peer, ctx, req, Status::Internal).await;
+        }
+    };
     let admission = ctx.admission.clone();
-    let r = crate::disk::blocking(|| admission.read_disk(req, &mut buf));
+    let r = crate::disk::blocking(|| admission.read_disk(req, &mut buf.0[..len]));
     if let Err(status) = r {
+        crate::disk::direct::give_back(buf);
         ctx.count_refusal(peer, req, status);
         return send_reply(stream, peer, ctx, req, status).await;
     }
     let reply = ok_read_reply(ctx, req);
+    let body = &buf.0[..len];
     let fut = async {
-        stream.write_all(&reply.encode()).await?;
-        stream.write_all(&buf).await?;
+        // Header and data in one writev: no packet of its own for the header.
+        write_all_two(stream, &reply.encode(), body).await?;
         stream.flush().await
     };
-    timeout(ctx.cfg.io_timeout, fut)
-        .await
-        .map_err(timed_out(peer, "send read data"))?
+    let sent = timeout(ctx.cfg.io_timeout, fut).await;
+    crate::disk::direct::give_back(buf);
+    sent.map_err(timed_out(peer, "send read data"))?
         .map_err(io_err(peer, "send read data"))?;
-    nic.add_out(buf.len());
+    nic.add_out(len);
     nic.slices.fetch_add(1, Relaxed);
     Ok(())
 }
