@@ -326,6 +326,32 @@ fn expired_reservation_stays_quarantined_until_released() {
     });
 }
 
+/// Puts arriving together on a full pool each make room for themselves: none is refused
+/// "no space" because another put's eviction was still in flight. (No watermark eviction
+/// here, high watermark 1.0: every eviction is a reservation's.)
+#[test]
+fn concurrent_puts_on_a_full_pool_each_evict_room_for_themselves() {
+    let c = Cluster::start_with(3, &["--eviction-high-watermark", "1.0"]);
+    c.wait_leader(Duration::from_secs(15));
+    runtime().block_on(async {
+        let client = c.client();
+        let (node, generation) = mount(&client, "node-a", 16 * 4096).await;
+        put_series(&client, node, generation, "old", 16).await;
+        for round in 0..3 {
+            let mut puts = tokio::task::JoinSet::new();
+            for i in 0..8 {
+                let client = client.clone();
+                let key = format!("new-{round}-{i}");
+                puts.spawn(async move { (put(&client, &key, 4096, 1).await, key) });
+            }
+            while let Some(done) = puts.join_next().await {
+                let (r, key) = done.unwrap();
+                assert!(r.is_ok(), "{key}: {r:?}");
+            }
+        }
+    });
+}
+
 #[test]
 fn wrong_token_and_bad_input_are_refused_without_harm() {
     let c = Cluster::start(3);

@@ -635,7 +635,8 @@ proptest! {
             prop_assert_eq!(core.apply(&cmd, now), Outcome::Committed);
             let (l, sm) = core.leader_parts().unwrap();
             if *leased {
-                l.get(sm, std::slice::from_ref(&key), 0, now);
+                // A node reads it (a get naming no node only looks, and leases nothing).
+                l.get(sm, std::slice::from_ref(&key), seg.node, now);
                 protected.push(key);
             } else if *pin == 0 {
                 protected.push(key);

@@ -744,6 +744,11 @@ impl Leader {
         self.evict_cursor = Default::default();
     }
 
+    /// Whether an eviction this leader proposed is not applied yet.
+    pub fn eviction_in_flight(&self) -> bool {
+        !self.evicting.is_empty()
+    }
+
     /// Notes that a proposal of this leader's was applied (clears its in-flight marker).
     pub fn on_applied_command(&mut self, cmd: &Command, sm: &StateMachine) {
         match cmd {
@@ -901,13 +906,21 @@ impl Leader {
 
     /// An `Evict` batch when usage is above the high watermark, or when `extra` more bytes are
     /// needed (a reservation found no space).
+    ///
+    /// While an eviction is in flight the watermark plans nothing more (the bytes it frees are
+    /// not free yet, and a second plan would count them again), but a reservation that found
+    /// no space still gets victims of its own, `extra` bytes, among the objects not being
+    /// evicted already: puts arriving together on a full pool each evict for themselves
+    /// rather than all but one being refused.
     pub fn eviction_due(&mut self, sm: &StateMachine, now: Now, extra: u64) -> Option<Command> {
-        if !self.evicting.is_empty()
-            && now.mono_ms < self.evict_proposed_ms.saturating_add(REPROPOSE_MS)
-        {
+        let in_flight = !self.evicting.is_empty()
+            && now.mono_ms < self.evict_proposed_ms.saturating_add(REPROPOSE_MS);
+        if in_flight && extra == 0 {
             return None;
         }
-        self.evicting.clear();
+        if !in_flight {
+            self.evicting.clear();
+        }
         let (total, free) = self.shadow.usage();
         if total == 0 {
             return None;
@@ -920,7 +933,11 @@ impl Leader {
         let high = (total as f64 * self.cfg.eviction_high_watermark) as u64;
         let target =
             (total as f64 * (self.cfg.eviction_high_watermark - self.cfg.eviction_ratio)) as u64;
-        let need = if used > high { used - target } else { 0 }.max(extra);
+        let need = if in_flight {
+            extra
+        } else {
+            if used > high { used - target } else { 0 }.max(extra)
+        };
         if need == 0 {
             return None;
         }

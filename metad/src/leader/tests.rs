@@ -1155,3 +1155,40 @@ fn a_put_that_finds_no_space_evicts_objects_being_offloaded_rather_than_fail() {
         .eviction_due(sm, at(5_000, t1.wall_ms + 3_000), 0)
         .is_none());
 }
+
+#[test]
+fn puts_that_find_no_space_while_an_eviction_is_in_flight_each_get_victims_of_their_own() {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = Core::new(CacheConfig::default());
+    core.become_leader(1, t0);
+    core.apply(&mount("a", t0), t0);
+    heartbeat_with_disk(&mut core, t0);
+    for i in 0..256 {
+        put_and_commit(&mut core, &put(&format!("k{i}"), 0), t0);
+    }
+    let t1 = at(2_000, t0.wall_ms + 1_000);
+    let (l, sm) = core.leader_parts().unwrap();
+    // The watermark's eviction (the pool is full) goes out first.
+    let Some(Command::Evict { keys: first }) = l.eviction_due(sm, t1, 0) else {
+        panic!("a full pool is evicted");
+    };
+    assert!(l.eviction_in_flight());
+    // The watermark plans nothing more while it is in flight...
+    assert!(l.eviction_due(sm, t1, 0).is_none());
+    // ...but each put that found no space meanwhile gets its own, disjoint, victims.
+    let mut taken: BTreeSet<String> = first.iter().cloned().collect();
+    for _ in 0..3 {
+        let Some(Command::Evict { keys }) = l.eviction_due(sm, t1, 4096) else {
+            panic!("a put waiting for space gets victims of its own");
+        };
+        assert_eq!(keys.len(), 1, "its own size, not the watermark's: {keys:?}");
+        for k in keys {
+            assert!(taken.insert(k.clone()), "{k} evicted twice");
+        }
+    }
+    // Once they are applied, nothing is in flight.
+    let all: Vec<String> = taken.into_iter().collect();
+    core.apply(&Command::Evict { keys: all }, t1);
+    let (l, _) = core.leader_parts().unwrap();
+    assert!(!l.eviction_in_flight());
+}

@@ -37,6 +37,12 @@ pub enum Committed {
     Refused(Error),
 }
 
+/// Eviction rounds a reservation that finds no space may take (each its own eviction, or one
+/// already in flight waited for), then a retry.
+const EVICTION_ROUNDS: usize = 2;
+/// How long a reservation waits for an eviction already in flight.
+const EVICTION_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The first reservation attempt of a batch.
 #[derive(Debug)]
 pub(crate) struct FirstRound {
@@ -154,7 +160,8 @@ pub(crate) fn settle_commits(
 }
 
 impl Ops {
-    /// Reserves a batch; items that found no space get one eviction round and a retry.
+    /// Reserves a batch; items that found no space get up to [`EVICTION_ROUNDS`] eviction
+    /// rounds (their own, or one already in flight waited for) and a retry after each.
     /// Per-item refusals are in the answer; the call fails only when this replica cannot serve.
     pub async fn reserve(&self, items: &[PutRequest]) -> Result<Vec<Result<Reserved>>> {
         check_batch(items.len(), "items")?;
@@ -171,31 +178,93 @@ impl Ops {
             self.metrics.requests_past_deadline.inc();
             return Err(e);
         }
-        let (mut round, evict) = {
+        let mut round = {
             let now = self.clock.now();
             let mut core = self.core.lock();
             let (l, sm) = core.leader_parts().ok_or(Error::NoLeaderState)?;
-            let round = first_round(l, sm, items, now);
-            let evict = if round.retry.is_empty() {
-                None
-            } else {
-                l.eviction_due(sm, now, round.need)
-            };
-            (round, evict)
+            first_round(l, sm, items, now)
         };
-        if let Some(cmd) = evict {
-            if let Err(e) = self.propose(cmd).await {
-                tracing::warn!(error = %e, "eviction for a reservation failed");
+        for _ in 0..EVICTION_ROUNDS {
+            if round.retry.is_empty() {
+                break;
             }
-            let now = self.clock.now();
-            let mut core = self.core.lock();
-            if let Some((l, sm)) = core.leader_parts() {
-                for &i in &round.retry {
-                    round.out[i] = l.reserve(sm, &items[i], now);
+            let step = {
+                let now = self.clock.now();
+                let mut core = self.core.lock();
+                let Some((l, sm)) = core.leader_parts() else {
+                    break;
+                };
+                match l.eviction_due(sm, now, round.need) {
+                    Some(cmd) => Some(cmd),
+                    // Another put's (or the tick's) eviction is on its way: the space it
+                    // frees may be this put's too. Without the wait, every put that found
+                    // no space while one eviction was in flight was refused at once (puts
+                    // at a time on a full pool: most of them).
+                    None if l.eviction_in_flight() => None,
+                    None => break,
                 }
+            };
+            match step {
+                Some(cmd) => {
+                    if let Err(e) = self.propose(cmd).await {
+                        tracing::warn!(error = %e, "eviction for a reservation failed");
+                    }
+                }
+                None => self.eviction_applied(EVICTION_WAIT).await,
             }
+            // No reservation for a writer that gave up meanwhile (see the first check).
+            if crate::deadline::check().is_err() {
+                self.metrics.requests_past_deadline.inc();
+                break;
+            }
+            self.retry_reservations(items, &mut round);
         }
         Ok(round.out)
+    }
+
+    /// Waits until no eviction of this leader is in flight (applied, or the leader gone), for
+    /// `most` at the longest.
+    async fn eviction_applied(&self, most: std::time::Duration) {
+        let mut applied = self.applied.clone();
+        let wait = async {
+            loop {
+                let in_flight = self
+                    .core
+                    .lock()
+                    .leader_parts()
+                    .is_some_and(|(l, _)| l.eviction_in_flight());
+                if !in_flight || applied.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let left = crate::deadline::current().map(|d| {
+            std::time::Duration::from_millis(d.saturating_sub(regolith_proto::auth::unix_ms()))
+        });
+        let _ = tokio::time::timeout(left.map_or(most, |l| l.min(most)), wait).await;
+    }
+
+    /// Reserves again the items of `round` that found no space; those that still find none
+    /// stay to retry, with the bytes they need.
+    fn retry_reservations(&self, items: &[PutRequest], round: &mut FirstRound) {
+        let now = self.clock.now();
+        let mut core = self.core.lock();
+        let Some((l, sm)) = core.leader_parts() else {
+            return;
+        };
+        let mut still = Vec::new();
+        let mut need = 0u64;
+        for &i in &round.retry {
+            round.out[i] = l.reserve(sm, &items[i], now);
+            if matches!(round.out[i], Err(Error::NoSpace { .. })) {
+                need += items[i]
+                    .size
+                    .saturating_mul(items[i].replicas.max(1) as u64);
+                still.push(i);
+            }
+        }
+        round.retry = still;
+        round.need = need;
     }
 
     /// Commits a batch: one proposal round for all of it (see the module's rule on failures).

@@ -530,10 +530,13 @@ fn main() {
             async move { c.exists(&k).await.is_ok() }
         })
         .await;
+        // A node's read (leased, recency refreshed), as a sidecar's get: a get that names no
+        // node only looks.
+        let node = m.node_id;
         let (get50, get99) = latencies(opts.samples, |i| {
             let (c, k) = (client.clone(), keys[i % keys.len()].clone());
             async move {
-                c.get(&k, 0)
+                c.get(&k, node)
                     .await
                     .map(|p| p.status.map(|s| s.code) == Some(0))
                     .unwrap_or(false)
