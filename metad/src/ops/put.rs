@@ -196,10 +196,9 @@ impl Ops {
                 };
                 match l.eviction_due(sm, now, round.need) {
                     Some(cmd) => Some(cmd),
-                    // Another put's (or the tick's) eviction is on its way: the space it
-                    // frees may be this put's too. Without the wait, every put that found
-                    // no space while one eviction was in flight was refused at once (puts
-                    // at a time on a full pool: most of them).
+                    // Nothing left to evict but what an eviction in flight (another put's,
+                    // or the watermark's) already takes: the space it frees may be this
+                    // put's.
                     None if l.eviction_in_flight() => None,
                     None => break,
                 }

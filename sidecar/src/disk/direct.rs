@@ -145,21 +145,28 @@ pub fn pipeline<J: Send>(
                 }
             }
         });
-        let gone = || io::Error::other("disk I/O helper thread stopped");
+        // The helper stops after sending back its error: a send or a receive that finds it
+        // gone answers that error, not the helper's absence (the jobs before it are dropped).
+        let gone = |finished: &mpsc::Receiver<io::Result<J>>| {
+            finished
+                .iter()
+                .find_map(Result::err)
+                .unwrap_or_else(|| io::Error::other("disk I/O helper thread stopped"))
+        };
         let mut out = 0usize;
         loop {
             while out >= depth.max(1) {
                 out -= 1;
-                done(finished.recv().map_err(|_| gone())??)?;
+                done(finished.recv().map_err(|_| gone(&finished))??)?;
             }
             let Some(j) = next()? else { break };
-            to_io.send(j).map_err(|_| gone())?;
+            to_io.send(j).map_err(|_| gone(&finished))?;
             out += 1;
         }
         drop(to_io);
         while out > 0 {
             out -= 1;
-            done(finished.recv().map_err(|_| gone())??)?;
+            done(finished.recv().map_err(|_| gone(&finished))??)?;
         }
         Ok(())
     })
