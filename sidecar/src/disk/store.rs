@@ -453,15 +453,25 @@ impl Disk {
         }
         let mut buf = self.writer.lock();
         let t0 = Instant::now();
-        let mut out = vec![Written::Ok; items.len()];
+        // Verified before the layout's lock is taken: hashing a batch (up to 64 MiB of
+        // offload) under it would stall every read of this disk meanwhile.
+        let mut out: Vec<Written> = items
+            .iter()
+            .map(|it| {
+                if checksum::checksum(it.version.seed(), it.value) == it.checksum {
+                    Written::Ok
+                } else {
+                    Written::BadChecksum
+                }
+            })
+            .collect();
         // Plan every record's place first, under the lock, then write without it.
         let mut planned: Vec<(usize, super::layout::Append, RecordShape)> = Vec::new();
         let mut created: Vec<u32> = Vec::new();
         {
             let mut inner = self.inner.lock();
             for (i, it) in items.iter().enumerate() {
-                if checksum::checksum(it.version.seed(), it.value) != it.checksum {
-                    out[i] = Written::BadChecksum;
+                if out[i] == Written::BadChecksum {
                     continue;
                 }
                 let Some(shape) = RecordShape::new(it.key.len(), it.value.len() as u64) else {
