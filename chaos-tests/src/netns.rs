@@ -313,7 +313,22 @@ fn cleanup_all_live() {
             let _ = destroy_netns(ns);
         }
         if let Some(dir) = &run.dir {
-            let _ = std::fs::remove_dir_all(dir);
+            remove_run_dir(dir);
+        }
+    }
+}
+
+/// Removes an interrupted run's directory. The run's own threads go on while this one
+/// cleans up (a fault's heal may be creating a disk directory in it, a sidecar killed a moment
+/// ago may still be finishing a write), so one `remove_dir_all` can fail or be followed by a
+/// new entry: it is done again until the directory stays gone (2 s at most).
+fn remove_run_dir(dir: &std::path::Path) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < end {
+        let _ = std::fs::remove_dir_all(dir);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        if !dir.exists() {
+            return;
         }
     }
 }

@@ -405,8 +405,9 @@ async fn pool_use(client: &AsyncClient) -> Option<f64> {
 /// `offload_watermark - eviction_ratio`, so a fill that kept the pool above the watermark would
 /// cycle fillers through the disks without end, and the disks' own eviction (least recently
 /// used bucket first) would drop the measured objects, which went there first. Only after a cycle
-/// ended with objects still in memory (an offload that failed, retried by metad in the next
-/// cycle) is the pool filled again, to just above the watermark, at most [`FILL_CYCLES`] times.
+/// ended with objects still in memory (more of them than one cycle moves on a small pool, or an
+/// offload that failed, retried by metad in the next cycle) is the pool filled again, to just
+/// above the watermark, at most [`FILL_CYCLES`] times.
 async fn push_to_disk(
     client: &AsyncClient,
     env: &Env,
