@@ -667,16 +667,23 @@ fn memory_held_for_leases_of_moved_objects_is_not_offloaded_twice() {
     offload_stops_at_the_target(true);
 }
 
-/// 220 of 256 pages used; offload to 75 %, with the ordered objects leased when `leased`.
-fn offload_stops_at_the_target(leased: bool) {
-    let t0 = at(1_000, 1_700_000_000_000);
-    let mut core = Core::new(CacheConfig::default());
+/// A leader with one segment "a" of 256 pages whose node has a disk, holding `objects`
+/// committed 4 KiB objects `k0`, `k1`, ...
+fn leader_with_disk_holding(cfg: CacheConfig, objects: usize, t0: Now) -> Core {
+    let mut core = Core::new(cfg);
     core.become_leader(1, t0);
     core.apply(&mount("a", t0), t0);
     heartbeat_with_disk(&mut core, t0);
-    for i in 0..220 {
+    for i in 0..objects {
         put_and_commit(&mut core, &put(&format!("k{i}"), 0), t0);
     }
+    core
+}
+
+/// 220 of 256 pages used; offload to 75 %, with the ordered objects leased when `leased`.
+fn offload_stops_at_the_target(leased: bool) {
+    let t0 = at(1_000, 1_700_000_000_000);
+    let mut core = leader_with_disk_holding(CacheConfig::default(), 220, t0);
     let t1 = at(2_000, t0.wall_ms + 1_000);
     {
         let (l, sm) = core.leader_parts().unwrap();
@@ -1126,13 +1133,7 @@ fn a_put_that_finds_no_space_evicts_objects_being_offloaded_rather_than_fail() {
         eviction_ratio: 0.05,
         ..CacheConfig::default()
     };
-    let mut core = Core::new(cfg);
-    core.become_leader(1, t0);
-    core.apply(&mount("a", t0), t0);
-    heartbeat_with_disk(&mut core, t0);
-    for i in 0..256 {
-        put_and_commit(&mut core, &put(&format!("k{i}"), 0), t0);
-    }
+    let mut core = leader_with_disk_holding(cfg, 256, t0);
     let t1 = at(2_000, t0.wall_ms + 1_000);
     {
         let (l, sm) = core.leader_parts().unwrap();
@@ -1159,13 +1160,7 @@ fn a_put_that_finds_no_space_evicts_objects_being_offloaded_rather_than_fail() {
 #[test]
 fn puts_that_find_no_space_while_an_eviction_is_in_flight_each_get_victims_of_their_own() {
     let t0 = at(1_000, 1_700_000_000_000);
-    let mut core = Core::new(CacheConfig::default());
-    core.become_leader(1, t0);
-    core.apply(&mount("a", t0), t0);
-    heartbeat_with_disk(&mut core, t0);
-    for i in 0..256 {
-        put_and_commit(&mut core, &put(&format!("k{i}"), 0), t0);
-    }
+    let mut core = leader_with_disk_holding(CacheConfig::default(), 256, t0);
     let t1 = at(2_000, t0.wall_ms + 1_000);
     let (l, sm) = core.leader_parts().unwrap();
     // The watermark's eviction (the pool is full) goes out first.

@@ -1,14 +1,14 @@
-//! The I/O primitives of [`super::store`] for transfers between a record on disk and memory
-//! the tier does not own (a client's buffer, the segment): vectored reads and writes that
-//! land in (or leave from) that memory straight where `O_DIRECT` allows it, and a two-stage
-//! pipeline that runs the I/O of one piece on a helper thread while the caller hashes another.
+//! The I/O primitives of [`super::store`] for reads from a record on disk into memory the
+//! tier does not own (a client's buffer, a peer's slice): aligned buffers, vectored reads that
+//! land in that memory straight where `O_DIRECT` allows it, and a two-stage pipeline that
+//! runs the read of one piece on a helper thread while the caller hashes another.
 //!
 //! Why: a disk read of a large value used to read it into a bounce buffer, copy it out, then
 //! hash it, one step after the other (the device idle while the CPU worked, and the CPU idle
 //! while the device read); docs/ssd.md "Measured".
 
 use std::fs::File;
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSliceMut};
 use std::sync::mpsc;
 
 use memmap2::MmapMut;
@@ -96,23 +96,6 @@ pub fn preadv_exact(file: &File, mut bufs: &mut [IoSliceMut<'_>], mut pos: u64) 
     Ok(())
 }
 
-/// Writes every buffer of `bufs` to `file` at `pos` on (short writes are continued).
-pub fn pwritev_all(file: &File, mut bufs: &mut [IoSlice<'_>], mut pos: u64) -> io::Result<()> {
-    IoSlice::advance_slices(&mut bufs, 0);
-    while !bufs.is_empty() {
-        let take = bufs.len().min(IOV_MAX);
-        let n = match nix::sys::uio::pwritev(file, &bufs[..take], pos as i64) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => n,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        };
-        pos += n as u64;
-        IoSlice::advance_slices(&mut bufs, n);
-    }
-    Ok(())
-}
-
 /// Runs jobs through two stages: `io` on a helper thread (in order), then `done` on the
 /// caller (in order), with at most `depth` jobs handed to the helper and not yet done. Jobs
 /// are drawn from `next` only when fewer than `depth` are out, so a job may take a buffer
@@ -178,7 +161,7 @@ mod tests {
     use std::io::Write;
 
     #[test]
-    fn vectored_io_fills_and_writes_every_buffer() {
+    fn vectored_reads_fill_every_buffer() {
         let mut f = tempfile::tempfile().unwrap();
         let data: Vec<u8> = (0..100_000u32).map(|i| (i * 13) as u8).collect();
         f.write_all(&data).unwrap();
@@ -194,15 +177,6 @@ mod tests {
         let mut past = [0u8; 10];
         let e = preadv_exact(&f, &mut [IoSliceMut::new(&mut past)], 99_995).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
-        let mut bufs = [
-            IoSlice::new(b"head"),
-            IoSlice::new(&[]),
-            IoSlice::new(b"tail"),
-        ];
-        pwritev_all(&f, &mut bufs, 3).unwrap();
-        let mut back = [0u8; 8];
-        preadv_exact(&f, &mut [IoSliceMut::new(&mut back)], 3).unwrap();
-        assert_eq!(&back, b"headtail");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The node's disk tier (docs/ssd.md): one or more disks (`--disk PATH[:SIZE]`), each a
 //! directory of bucket files with its own space accounting, eviction order and failure domain.
 //!
-//! * [`direct`] — aligned buffers, vectored `O_DIRECT` reads and writes, and the two-stage
+//! * [`direct`] — aligned buffers, vectored `O_DIRECT` reads, and the two-stage
 //!   pipeline that reads one piece of a value while the caller hashes the one before.
 //! * [`format`] — the on-disk format: label, bucket headers, records (pure encoding).
 //! * [`layout`] — where records lie, sans-I/O: buckets, epochs, the key map, space, the
