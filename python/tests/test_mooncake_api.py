@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -186,31 +187,55 @@ def test_put_and_get_sessions_with_ranges(store, store_b, key):
 # ---------------------------------------------------------------- upserts
 
 
+# A replacing put made through one node is seen at once through that node, and through another
+# node's index within its staleness bound (docs/sidecar.md: 2 s; milliseconds on a healthy
+# stream), meanwhile only as a value put under the key before, never other bytes.
+STALE_BOUND_S = 2.5
+
+
+def seen_by(store, k: str, want: bytes, *earlier: bytes) -> None:
+    deadline = time.monotonic() + STALE_BOUND_S
+    while True:
+        got = store.get(k)
+        if got == want:
+            return
+        assert got in earlier, f"{k}: {got!r} was never put under the key (want {want!r})"
+        assert time.monotonic() < deadline, f"{k}: still {got!r} after {STALE_BOUND_S} s"
+        time.sleep(0.01)
+
+
 def test_upsert_family_replaces_values(store, store_b, key):
     k, k2, k3, k4 = key(), key(), key(), key()
     assert store.upsert(k, b"first") == 0, "an absent key is inserted"
     assert store.upsert(k, b"second value, longer") == 0
-    assert store_b.get(k) == b"second value, longer"
+    assert store.get(k) == b"second value, longer", "read-your-writes on the writer's node"
+    seen_by(store_b, k, b"second value, longer", b"first")
     assert store.put(k, b"ignored") == 0 and store_b.get(k) == b"second value, longer"
 
     src = registered(store, 1024)
     src[:6] = np.frombuffer(b"abcdef", dtype=np.uint8)
     assert store.upsert_from(k2, src.ctypes.data, 6) == 0
     assert store.upsert_from(k2, src.ctypes.data, 3) == 0
-    assert store_b.get(k2) == b"abc"
+    assert store.get(k2) == b"abc"
+    seen_by(store_b, k2, b"abc", b"abcdef")
     assert store.upsert_from(k2, src.ctypes.data, 0) == 0, "size 0: nothing stored"
     assert store_b.get(k2) == b"abc"
 
     assert store.upsert_parts(k3, b"ab", bytearray(b"cd")) == 0
     assert store.upsert_parts(k3, b"x", b"y", memoryview(b"z")) == 0
-    assert store_b.get(k3) == b"xyz"
+    assert store.get(k3) == b"xyz"
+    seen_by(store_b, k3, b"xyz", b"abcd")
 
     assert store.upsert_batch([k, k4], [b"b1", b"b2"]) == 0
-    assert [store_b.get(x) for x in (k, k4)] == [b"b1", b"b2"]
+    assert [store.get(x) for x in (k, k4)] == [b"b1", b"b2"]
+    seen_by(store_b, k, b"b1", b"second value, longer")
+    seen_by(store_b, k4, b"b2")
     assert store.upsert_batch([k], [b"1", b"2"]) == -600
 
     assert store.batch_upsert_from([k, k2], [src.ctypes.data, src.ctypes.data + 1], [2, 2]) == [0, 0]
-    assert [store_b.get(x) for x in (k, k2)] == [b"ab", b"bc"]
+    assert [store.get(x) for x in (k, k2)] == [b"ab", b"bc"]
+    seen_by(store_b, k, b"ab", b"b1")
+    seen_by(store_b, k2, b"bc", b"abc")
 
 
 def test_upserts_racing_readers_see_whole_values(store, store_b, key):
