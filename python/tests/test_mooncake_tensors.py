@@ -7,6 +7,7 @@ torch (LMCache's environment, `python/ci/lmcache.sh`)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -138,13 +139,32 @@ def test_put_tensor_from_a_buffer_holding_an_object(store, store_b, key):
     assert store.upsert_tensor_from(k, p, len(obj)) == 0
 
 
+# A replacing put made through one node is seen at once through that node, and through another
+# node's index within its staleness bound (docs/sidecar.md: 2 s; milliseconds on a healthy
+# stream), meanwhile only as a tensor put under the key before, never another.
+STALE_BOUND_S = 2.5
+
+
+def tensor_seen_by(store, k: str, want, *earlier) -> None:
+    deadline = time.monotonic() + STALE_BOUND_S
+    while True:
+        got = store.get_tensor(k)
+        if got is not None and same(got, want):
+            return
+        assert got is not None and any(same(got, e) for e in earlier), f"{k}: {got!r} was never put"
+        assert time.monotonic() < deadline, f"{k}: still {got!r} after {STALE_BOUND_S} s"
+        time.sleep(0.01)
+
+
 def test_upserts_and_publishing(store, store_b, key):
     k = key()
     assert store.upsert_tensor(k, torch.zeros(2, 2)) == 0
     assert store.upsert_tensor(k, torch.ones(5, dtype=torch.int64)) == 0, "shape and dtype change"
-    assert same(store_b.get_tensor(k), torch.ones(5, dtype=torch.int64))
+    assert same(store.get_tensor(k), torch.ones(5, dtype=torch.int64)), "read-your-writes"
+    tensor_seen_by(store_b, k, torch.ones(5, dtype=torch.int64), torch.zeros(2, 2))
     assert store.batch_upsert_tensor([k, key()], [torch.zeros(1), torch.zeros(2)]) == [0, 0]
-    assert same(store_b.get_tensor(k), torch.zeros(1))
+    assert same(store.get_tensor(k), torch.zeros(1))
+    tensor_seen_by(store_b, k, torch.zeros(1), torch.ones(5, dtype=torch.int64))
 
     cfg = mc.ReplicateConfig()
     cfg.replica_num = 2
@@ -155,7 +175,8 @@ def test_upserts_and_publishing(store, store_b, key):
     p = key()
     assert store.pub_tensor(p, torch.ones(3), cfg) == 0
     assert store.upsert_pub_tensor(p, torch.zeros(3), cfg) == 0
-    assert same(store_b.get_tensor(p), torch.zeros(3))
+    assert same(store.get_tensor(p), torch.zeros(3))
+    tensor_seen_by(store_b, p, torch.zeros(3), torch.ones(3))
 
 
 def test_tensor_parallel_shards(store, store_b, key):
