@@ -1027,8 +1027,8 @@ fn check_double_puts(
 }
 
 /// The warm-restart rule: of the objects metad listed on a node's disks when its sidecar was
-/// killed ([`EventKind::DiskHeld`]), those whose disk replica the feed shows gone by the end
-/// of the restart ([`EventKind::WarmRestarted`], recorded once the feed was current) — with
+/// killed ([`EventKind::DiskHeld`], recorded as the restart begins), those whose disk replica
+/// the feed shows gone after the restart began and by its end ([`EventKind::WarmRestarted`], recorded once the feed was current) — with
 /// no client remove of the key that could have come between — may not outnumber the drops the
 /// restarted sidecar's disks counted (plus metad's dead-node drops meanwhile). A restart that
 /// forgot records it had made durable shows as drops nobody counted. Returns a line per
@@ -1055,18 +1055,18 @@ fn check_warm_restarts(
                 drops_counted,
                 ..
             } => {
-                let Some((killed_us, host, objects)) = held.remove(node) else {
+                let Some((restart_us, host, objects)) = held.remove(node) else {
                     continue;
                 };
                 let lost: Vec<&FeedObject> = objects
                     .iter()
                     .filter(|o| {
-                        disk_replica_gone(feed, o, *node, killed_us, e.at_us).is_some_and(|t| {
+                        disk_replica_gone(feed, o, *node, restart_us, e.at_us).is_some_and(|t| {
                             let removes = by_key
                                 .get(o.key.as_str())
                                 .map(|ops| possible_removes(ops))
                                 .unwrap_or_default();
-                            !remove_possible_within(&removes, killed_us, t)
+                            !remove_possible_within(&removes, restart_us, t)
                         })
                     })
                     .collect();
@@ -1085,12 +1085,12 @@ fn check_warm_restarts(
                     anomalies.push(Anomaly {
                         kind: AnomalyKind::DiskObjectsLost,
                         key: lost.first().map(|o| o.key.clone()),
-                        at_us: killed_us,
+                        at_us: restart_us,
                         message: format!(
                             "warm restart of {host} (node {node}) at {:.3}s: {} objects metad \
                              listed on its disks lost their disk replica, but its disks counted \
                              only {drops_counted} drops: {}",
-                            killed_us as f64 / 1e6,
+                            restart_us as f64 / 1e6,
                             lost.len(),
                             keys.join(", ")
                         ),
@@ -2063,6 +2063,26 @@ mod tests {
             },
         );
         h
+    }
+
+    #[test]
+    fn a_drop_metad_applied_before_the_restart_is_not_the_restarts_doing() {
+        // The killed process's own eviction, reported just before its death and committed
+        // after it, lands before the restart begins (DiskHeld at 30): no anomaly, no count.
+        let mut h = warm_restart(0);
+        h.rec
+            .events
+            .retain(|e| !matches!(e.kind, EventKind::Unlisted { .. }));
+        ev(
+            &mut h,
+            20,
+            EventKind::Unlisted {
+                object: obj("b", 2, 100),
+                last: vec![disk(1)],
+            },
+        );
+        let r = check_sized(&h, EVICTED_1);
+        assert!(r.anomalies.is_empty(), "{r}");
     }
 
     #[test]

@@ -225,9 +225,11 @@ pub enum EventKind {
     FeedResynced {
         from_us: u64,
     },
-    /// Before a kill -9 of `node`'s sidecar (`sidecar-restart-warm`): the objects metad listed
-    /// with a replica on one of its disks, every one of which must still be there after the
-    /// restart unless its disk dropped it (counted by the sidecar).
+    /// Before the restart of `node`'s sidecar after its kill -9 (`sidecar-restart-warm`): the
+    /// objects metad listed with a replica on one of its disks at the kill, every one of which
+    /// must still be there after the restart unless its disk dropped it (counted by the
+    /// sidecar). Recorded at the restart, so that what metad applied before it (reports the
+    /// killed process sent) is not taken for what the restart forgot.
     DiskHeld {
         host: String,
         node: u64,

@@ -628,11 +628,6 @@ impl Nemesis for SidecarRestartWarm {
             .disk_drops(&self.host)?
             .saturating_sub(drops_before);
         self.reconciled_before = ctx.nodes.disks_reconciled(&self.host)?;
-        ctx.history.event(EventKind::DiskHeld {
-            host: self.host.clone(),
-            node: self.node,
-            objects: self.held.clone(),
-        });
         ctx.nodes.crash_node(&self.host)?;
         self.killed = Some(std::time::Instant::now());
         Ok(format!(
@@ -646,6 +641,14 @@ impl Nemesis for SidecarRestartWarm {
         let feed = ctx
             .feed
             .ok_or_else(|| Error::Config("the warm restart needs metad's change feed".into()))?;
+        // Recorded now, not at the kill: what metad changed before the restart (a report the
+        // killed process sent, committed after its death: its own eviction) is not the
+        // restart's doing; what the restart forgot shows after this, when it reconciles.
+        ctx.history.event(EventKind::DiskHeld {
+            host: self.host.clone(),
+            node: self.node,
+            objects: self.held.clone(),
+        });
         ctx.nodes.restart_node(&self.host)?;
         let down = self.killed.map(|k| k.elapsed()).unwrap_or_default();
         let end = std::time::Instant::now() + RECONCILE_TIMEOUT;

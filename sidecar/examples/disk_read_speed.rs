@@ -42,7 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             key,
             version,
             checksum: checksum::checksum(version.seed(), &value),
-            value: &value,
+            value: &[&value],
             relocate: false,
         };
         disk.write_batch(&[item])?;

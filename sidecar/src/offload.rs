@@ -47,7 +47,7 @@ impl Orders {
 }
 
 /// What one round of the disk tier did.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Done {
     moved: Vec<mpb::DiskItem>,
     copied: Vec<mpb::DiskItem>,
@@ -279,25 +279,31 @@ fn copy_to_disk(side: &Sidecar, orders: &[mpb::OffloadOrder]) -> Done {
     done
 }
 
-/// The bytes of an ordered object, from the node's segment.
-fn bytes_of(side: &Sidecar, o: &mpb::OffloadOrder) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(o.size as usize);
+/// The bytes of an ordered object: its extents in the node's segment, in order, cut to its
+/// size (None when an extent is outside the segment or they hold too few bytes).
+fn parts_of<'s>(side: &'s Sidecar, o: &mpb::OffloadOrder) -> Option<Vec<&'s [u8]>> {
+    let mut parts = Vec::with_capacity(o.extents.len());
+    let mut left = o.size;
     for e in &o.extents {
-        // SAFETY: `slice` bounds-checks against the segment, which the sidecar keeps mapped;
-        // the bytes are copied out at once. A concurrent reuse of the extent (the object
-        // removed meanwhile) changes them: the checksum check of the write refuses them.
-        let b = unsafe { side.store.segment.slice(e.offset, e.len) }.ok()?;
-        out.extend_from_slice(b);
+        let take = e.len.min(left);
+        if take == 0 {
+            break;
+        }
+        // SAFETY: `slice` bounds-checks against the segment, which the sidecar keeps mapped
+        // for its whole life. The bytes are only read (copied into the disk's write pieces
+        // and hashed there): a concurrent reuse of the extent (the object removed meanwhile)
+        // changes them, and the write's checksum check refuses the record.
+        parts.push(unsafe { side.store.segment.slice(e.offset, take) }.ok()?);
+        left -= take;
     }
-    out.truncate(o.size as usize);
-    (out.len() as u64 == o.size).then_some(out)
+    (left == 0).then_some(parts)
 }
 
 fn copy_batch(side: &Sidecar, disk: &Disk, n: u32, orders: &[mpb::OffloadOrder], done: &mut Done) {
-    let mut pending: Vec<(&mpb::OffloadOrder, Version, Vec<u8>)> = Vec::new();
+    let mut pending: Vec<(&mpb::OffloadOrder, Version, Vec<&[u8]>)> = Vec::new();
     for o in orders {
         let Some(v) = o.version else { continue };
-        match bytes_of(side, o) {
+        match parts_of(side, o) {
             Some(b) => pending.push((o, v, b)),
             None => done.failed.push(item(&o.key, v, n)),
         }
@@ -337,21 +343,72 @@ fn copy_batch(side: &Sidecar, disk: &Disk, n: u32, orders: &[mpb::OffloadOrder],
                 Written::TooLarge | Written::BadChecksum => done.failed.push(item(&o.key, v, n)),
             }
         }
-        if !again.is_empty() {
-            match disk.evict_lru() {
-                Ok(d) if !d.is_empty() => done.dropped.extend(d),
-                _ => {
-                    for (o, v, _) in &again {
-                        done.failed.push(item(&o.key, *v, n));
-                    }
-                    return;
-                }
+        if !again.is_empty() && !make_room(side, disk, done) {
+            for (o, v, _) in &again {
+                done.failed.push(item(&o.key, *v, n));
             }
+            return;
         }
         pending = again;
     }
     for (o, v, _) in &pending {
         done.failed.push(item(&o.key, *v, n));
+    }
+}
+
+/// Frees the disk's least recently used bucket for a batch that found the disk full
+/// (blocking; on a runtime's blocking thread). Its records are reported dropped, with what
+/// this round did before (moves first: metad applies them before the drops), and only then
+/// erased: a kill in between leaves records that metad still lists and the restart finds,
+/// never a listed disk replica that is gone, which the restart could not account for.
+/// Answers whether room was made; on false nothing was evicted.
+fn make_room(side: &Sidecar, disk: &Disk, done: &mut Done) -> bool {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        // No runtime (a test driving the disk alone): nobody to tell first.
+        return match disk.evict_lru() {
+            Ok(d) if !d.is_empty() => {
+                done.dropped.extend(d);
+                true
+            }
+            _ => false,
+        };
+    };
+    let Some((bucket, victims)) = disk.eviction_candidate() else {
+        return false;
+    };
+    let mut round = done.clone();
+    round.dropped.extend(victims.iter().cloned());
+    match rt.block_on(send_report(side, round)) {
+        Ok(more) => {
+            *done = Done::default();
+            if !more.is_empty() {
+                let _ = side.offload_tx.send(more);
+            }
+        }
+        Err(e) => {
+            tracing::warn!(disk = %disk.path().display(), error = %e, "disk full and metad not told of an eviction: nothing evicted");
+            return false;
+        }
+    }
+    match disk.evict(bucket) {
+        Ok(dropped) => {
+            // A bucket is sealed before it is a candidate, so nothing joins it meanwhile;
+            // anything not reported above goes with the next report.
+            let told: std::collections::HashSet<(&str, u64, u64)> = victims
+                .iter()
+                .map(|d| (d.key.as_str(), d.version.term, d.version.id))
+                .collect();
+            let untold: Vec<Dropped> = dropped
+                .into_iter()
+                .filter(|d| !told.contains(&(d.key.as_str(), d.version.term, d.version.id)))
+                .collect();
+            done.dropped.extend(untold);
+            true
+        }
+        Err(e) => {
+            tracing::warn!(disk = %disk.path().display(), error = %e, "disk eviction failed");
+            false
+        }
     }
 }
 
@@ -361,6 +418,25 @@ async fn report(side: &Sidecar, done: Done, poll: bool) -> Orders {
     if !poll && done.is_empty() {
         return Orders::default();
     }
+    let dropped = done.dropped.clone();
+    let moved = done.moved.len();
+    match send_report(side, done).await {
+        Ok(orders) => orders,
+        Err(e) => {
+            // Whether the moves were committed is unknown: the records stay (metad is the
+            // truth; a record it does not list is deleted at the next inventory, or leaves
+            // with its bucket). Drops go with the next report: metad would otherwise list
+            // the dropped replicas, and send gets to them, until the node restarts.
+            tracing::warn!(error = %e, moved, dropped = dropped.len(), "disk report failed");
+            side.disks.unreported(dropped);
+            Orders::default()
+        }
+    }
+}
+
+/// [`report`], retried a few times; on success the records whose move metad did not commit
+/// are deleted. Fails with the last attempt's error.
+async fn send_report(side: &Sidecar, done: Done) -> Result<Orders, String> {
     let req = mpb::DiskReportRequest {
         node_id: side.node_id(),
         generation: side.store.tracker.generation(),
@@ -405,20 +481,12 @@ async fn report(side: &Sidecar, done: Done, poll: bool) -> Orders {
             if refused > 0 {
                 tracing::debug!(refused, "promotions not committed (the objects changed)");
             }
-            Orders {
+            Ok(Orders {
                 offload: r.offload,
                 promote: r.promote,
-            }
+            })
         }
-        Err(e) => {
-            // Whether the moves were committed is unknown: the records stay (metad is the
-            // truth; a record it does not list is deleted at the next inventory, or leaves
-            // with its bucket). Drops go with the next report: metad would otherwise list
-            // the dropped replicas, and send gets to them, until the node restarts.
-            tracing::warn!(error = %e, moved = done.moved.len(), dropped = done.dropped.len(), "disk report failed");
-            side.disks.unreported(done.dropped);
-            Orders::default()
-        }
+        Err(e) => Err(e.to_string()),
     }
 }
 

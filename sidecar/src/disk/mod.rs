@@ -1,6 +1,8 @@
 //! The node's disk tier (docs/ssd.md): one or more disks (`--disk PATH[:SIZE]`), each a
 //! directory of bucket files with its own space accounting, eviction order and failure domain.
 //!
+//! * [`append`] — the write side: records laid into aligned pieces (values copied from their
+//!   extents and hashed in cache) while a helper thread writes the piece before.
 //! * [`direct`] — aligned buffers, vectored `O_DIRECT` reads, and the two-stage
 //!   pipeline that reads one piece of a value while the caller hashes the one before.
 //! * [`format`] — the on-disk format: label, bucket headers, records (pure encoding).
@@ -11,6 +13,7 @@
 //! * [`tier`] — the node's disks together: opened at start, probed and compacted in the
 //!   background, each failing alone.
 
+pub mod append;
 pub mod direct;
 pub mod format;
 pub mod layout;

@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use regolith_proto::checksum;
 use regolith_proto::common::Version;
 
+use super::append;
 use super::direct::{self, AlignedBuf};
 use super::format::{
     align_block, bucket_file_name, decode_record_head, encode_record_head, parse_bucket_file_name,
@@ -46,10 +47,18 @@ pub struct WriteItem<'a> {
     pub key: &'a str,
     pub version: Version,
     pub checksum: u64,
-    pub value: &'a [u8],
+    /// The value, in parts laid end to end (an object's extents in the segment, say).
+    pub value: &'a [&'a [u8]],
     /// A move of a record this disk holds (compaction): linked only if the key still has
     /// this version when the write is durable, so a remove meanwhile is not undone.
     pub relocate: bool,
+}
+
+impl WriteItem<'_> {
+    /// The value's length.
+    pub fn value_len(&self) -> u64 {
+        self.value.iter().map(|p| p.len() as u64).sum()
+    }
 }
 
 /// What became of one [`WriteItem`].
@@ -141,8 +150,8 @@ pub struct Disk {
     label: Label,
     direct: bool,
     inner: Mutex<Inner>,
-    /// One writer at a time: batches are appended in order.
-    writer: Mutex<AlignedBuf>,
+    /// One writer at a time (batches are appended in order), and its pooled piece buffers.
+    writer: Mutex<Vec<AlignedBuf>>,
     /// Buffers of finished reads, kept for the next ones (faulting in fresh pages for every
     /// read would cost more than a small read itself).
     read_bufs: Mutex<Vec<AlignedBuf>>,
@@ -200,7 +209,7 @@ impl Disk {
             label,
             direct,
             inner: Mutex::new(inner),
-            writer: Mutex::new(AlignedBuf::new(IO_CHUNK)?),
+            writer: Mutex::new(vec![AlignedBuf::new(append::PIECE)?]),
             read_bufs: Mutex::new(Vec::new()),
             failed: AtomicBool::new(false),
             lost: Mutex::new(Vec::new()),
@@ -444,37 +453,27 @@ impl Disk {
         Ok(f)
     }
 
-    /// Writes a batch of records (one write per run of records in one bucket, one
-    /// `fdatasync` per file touched) and links them once durable. Items are verified against
-    /// their checksum first: a disk never holds bytes that do not match their version.
+    /// Writes a batch of records (one run of writes per run of records in one bucket, one
+    /// `fdatasync` per file touched) and links them once durable. Each value is hashed as it
+    /// is copied into the write buffers and checked against its checksum: a record whose
+    /// bytes do not match their version (the extent reused under an offload) is never linked,
+    /// so no read and no restart finds it (a restart's reconcile reclaims it: metad does not
+    /// list it). Batches of [`append::THREADED_FROM`] bytes and more are written by a helper
+    /// thread while the caller fills the next piece.
     pub fn write_batch(&self, items: &[WriteItem<'_>]) -> Result<Vec<Written>> {
         if self.is_failed() {
             return Err(self.failed_error());
         }
-        let mut buf = self.writer.lock();
+        let mut pool = self.writer.lock();
         let t0 = Instant::now();
-        // Verified before the layout's lock is taken: hashing a batch (up to 64 MiB of
-        // offload) under it would stall every read of this disk meanwhile.
-        let mut out: Vec<Written> = items
-            .iter()
-            .map(|it| {
-                if checksum::checksum(it.version.seed(), it.value) == it.checksum {
-                    Written::Ok
-                } else {
-                    Written::BadChecksum
-                }
-            })
-            .collect();
+        let mut out: Vec<Written> = vec![Written::Ok; items.len()];
         // Plan every record's place first, under the lock, then write without it.
         let mut planned: Vec<(usize, super::layout::Append, RecordShape)> = Vec::new();
         let mut created: Vec<u32> = Vec::new();
         {
             let mut inner = self.inner.lock();
             for (i, it) in items.iter().enumerate() {
-                if out[i] == Written::BadChecksum {
-                    continue;
-                }
-                let Some(shape) = RecordShape::new(it.key.len(), it.value.len() as u64) else {
+                let Some(shape) = RecordShape::new(it.key.len(), it.value_len()) else {
                     out[i] = Written::TooLarge;
                     continue;
                 };
@@ -490,64 +489,77 @@ impl Disk {
                 }
             }
         }
-        let mut touched: Vec<(u32, Arc<File>)> = Vec::new();
-        let mut bytes = 0u64;
-        let mut run_start = 0;
-        while run_start < planned.len() {
-            let b = planned[run_start].1.bucket;
-            let mut run_end = run_start + 1;
-            while run_end < planned.len()
-                && planned[run_end].1.bucket == b
-                && !planned[run_end].1.opened
-                && planned[run_end].1.offset
-                    == planned[run_end - 1].1.offset + planned[run_end - 1].2.len
-            {
-                run_end += 1;
+        let mut files: Vec<(u32, Arc<File>)> = Vec::new();
+        for (_, a, _) in &planned {
+            if !files.iter().any(|(b, _)| *b == a.bucket) {
+                files.push((
+                    a.bucket,
+                    self.bucket_file(a.bucket, created.contains(&a.bucket))?,
+                ));
             }
-            let file = self.bucket_file(b, created.contains(&b))?;
-            let first = &planned[run_start].1;
-            let mut w = BlockWriter::new(&file, &mut buf.0, first.offset);
-            let res: std::io::Result<()> = (|| {
-                if first.opened {
-                    // The bucket header goes first, in the same write as the records after it.
-                    w.pos = 0;
-                    let mut hdr = [0u8; BLOCK as usize];
-                    BucketHeader {
-                        bucket: b,
-                        epoch: first.epoch,
-                    }
-                    .encode(&mut hdr);
-                    w.put(&hdr)?;
-                }
-                for (i, a, shape) in &planned[run_start..run_end] {
-                    let it = &items[*i];
-                    let mut head = vec![0u8; shape.value_off as usize];
-                    encode_record_head(&mut head, it.key, it.version, it.checksum, a.epoch, shape);
-                    w.put(&head)?;
-                    w.put(it.value)?;
-                    w.zero((shape.len - shape.value_off - shape.value_len) as usize)?;
-                }
-                w.flush()
-            })();
-            if let Err(e) = res {
-                return Err(self.io_failure("write", e));
-            }
-            bytes += w.written;
-            if !touched.iter().any(|(tb, _)| *tb == b) {
-                touched.push((b, file.clone()));
-            }
-            run_start = run_end;
         }
-        for (_, f) in &touched {
+        let file_of = |b: u32| {
+            files
+                .iter()
+                .find(|(fb, _)| *fb == b)
+                .map(|(_, f)| f.clone())
+        };
+        let total: u64 = planned.iter().map(|(_, _, s)| s.len).sum();
+        let threaded = total >= append::THREADED_FROM;
+        let written = append::with_appender(&mut pool, threaded, |w| {
+            let mut verified = vec![false; planned.len()];
+            let mut hashes = Vec::new();
+            for (n, (i, a, shape)) in planned.iter().enumerate() {
+                let contiguous = n > 0 && {
+                    let (_, prev, prev_shape) = &planned[n - 1];
+                    prev.bucket == a.bucket && !a.opened && a.offset == prev.offset + prev_shape.len
+                };
+                if !contiguous {
+                    let file = file_of(a.bucket).ok_or_else(|| std::io::Error::other("no file"))?;
+                    if a.opened {
+                        // The bucket header goes first, in the same write as the records after it.
+                        w.start_run(file, 0)?;
+                        let mut hdr = [0u8; BLOCK as usize];
+                        BucketHeader {
+                            bucket: a.bucket,
+                            epoch: a.epoch,
+                        }
+                        .encode(&mut hdr);
+                        w.put(&hdr)?;
+                    } else {
+                        w.start_run(file, a.offset)?;
+                    }
+                }
+                let it = &items[*i];
+                let mut head = vec![0u8; shape.value_off as usize];
+                encode_record_head(&mut head, it.key, it.version, it.checksum, a.epoch, shape);
+                w.put(&head)?;
+                let seed = it.version.seed();
+                w.put_hashed(seed, it.value, &mut hashes)?;
+                verified[n] = checksum::combine(seed, &hashes) == it.checksum;
+                w.zero((shape.len - shape.value_off - shape.value_len) as usize)?;
+            }
+            Ok(verified)
+        });
+        let (verified, bytes) = match written {
+            Ok(r) => r,
+            Err(e) => return Err(self.io_failure("write", e)),
+        };
+        for (_, f) in &files {
             if let Err(e) = f.sync_data() {
                 return Err(self.io_failure("fdatasync", e));
             }
         }
         {
             let mut inner = self.inner.lock();
-            for (i, a, shape) in &planned {
+            for ((i, a, shape), ok) in planned.iter().zip(&verified) {
                 let it = &items[*i];
-                if it.relocate && inner.layout.peek(it.key).map(|e| e.version) != Some(it.version) {
+                let stale =
+                    it.relocate && inner.layout.peek(it.key).map(|e| e.version) != Some(it.version);
+                if !ok || stale {
+                    if !ok {
+                        out[*i] = Written::BadChecksum;
+                    }
                     inner.layout.landed(a.bucket);
                     continue;
                 }
@@ -859,16 +871,31 @@ impl Disk {
     /// frees it. Returns what was dropped (to be removed from the metadata), empty when there
     /// is nothing to evict.
     pub fn evict_lru(&self) -> Result<Vec<Dropped>> {
+        match self.eviction_candidate() {
+            Some((b, _)) => self.evict(b),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The bucket the disk's own eviction would free next (least recently used, sealed) and
+    /// the records it holds: what a caller reports dropped before [`Disk::evict`] erases them.
+    pub fn eviction_candidate(&self) -> Option<(u32, Vec<Dropped>)> {
+        let inner = self.inner.lock();
+        let b = inner.layout.lru_bucket()?;
+        Some((b, to_dropped(inner.layout.records_in(b))))
+    }
+
+    /// Evicts bucket `b` if it is still sealed (not freed and reopened meanwhile): drops its
+    /// records, frees it and erases its header. Returns what was dropped.
+    pub fn evict(&self, b: u32) -> Result<Vec<Dropped>> {
         let _writer = self.writer.lock();
-        let freed = {
+        let dropped = {
             let mut inner = self.inner.lock();
-            let Some(b) = inner.layout.lru_bucket() else {
+            if inner.layout.bucket(b).map(|k| k.state) != Some(super::layout::BucketState::Sealed) {
                 return Ok(Vec::new());
-            };
-            let dropped = inner.layout.free_bucket(b);
-            (b, dropped)
+            }
+            inner.layout.free_bucket(b)
         };
-        let (b, dropped) = freed;
         self.forget_bucket(b)?;
         let dropped = to_dropped(dropped);
         self.stats
@@ -928,7 +955,7 @@ impl Disk {
                 key: &key,
                 version: e.version,
                 checksum: e.checksum,
-                value: &value,
+                value: &[&value],
                 relocate: true,
             };
             match self.write_batch(std::slice::from_ref(&item))?.first() {
@@ -1073,67 +1100,6 @@ impl ReadPiece<'_> {
                 direct::preadv_exact(file, &mut iov, self.pos)
             }
         }
-    }
-}
-
-/// Streams bytes into a file at consecutive offsets through an aligned buffer, writing whole
-/// [`BLOCK`]s (the last write of a run ends on a block too: records are padded).
-struct BlockWriter<'a> {
-    file: &'a File,
-    buf: &'a mut [u8],
-    fill: usize,
-    pos: u64,
-    written: u64,
-}
-
-impl<'a> BlockWriter<'a> {
-    fn new(file: &'a File, buf: &'a mut [u8], pos: u64) -> Self {
-        Self {
-            file,
-            buf,
-            fill: 0,
-            pos,
-            written: 0,
-        }
-    }
-
-    fn put(&mut self, mut b: &[u8]) -> std::io::Result<()> {
-        while !b.is_empty() {
-            let n = (self.buf.len() - self.fill).min(b.len());
-            self.buf[self.fill..self.fill + n].copy_from_slice(&b[..n]);
-            self.fill += n;
-            b = &b[n..];
-            if self.fill == self.buf.len() {
-                self.flush()?;
-            }
-        }
-        Ok(())
-    }
-
-    fn zero(&mut self, mut n: usize) -> std::io::Result<()> {
-        while n > 0 {
-            let k = (self.buf.len() - self.fill).min(n);
-            self.buf[self.fill..self.fill + k].fill(0);
-            self.fill += k;
-            n -= k;
-            if self.fill == self.buf.len() {
-                self.flush()?;
-            }
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        if self.fill == 0 {
-            return Ok(());
-        }
-        let n = align_block(self.fill as u64) as usize;
-        self.buf[self.fill..n].fill(0);
-        self.file.write_all_at(&self.buf[..n], self.pos)?;
-        self.pos += n as u64;
-        self.written += n as u64;
-        self.fill = 0;
-        Ok(())
     }
 }
 
@@ -1428,7 +1394,7 @@ mod tests {
             key,
             version: v(id),
             checksum: checksum::checksum(v(id).seed(), &val),
-            value: &val,
+            value: &[&val],
             relocate: false,
         };
         d.write_batch(&[item]).unwrap().remove(0)
@@ -1451,12 +1417,13 @@ mod tests {
             .map(|i| value(i, 1000 + i as usize * 5000))
             .collect();
         let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+        let parts: Vec<[&[u8]; 1]> = vals.iter().map(|v| [v.as_slice()]).collect();
         let items: Vec<WriteItem> = (0..20)
             .map(|i| WriteItem {
                 key: &keys[i],
                 version: v(i as u64),
                 checksum: checksum::checksum(v(i as u64).seed(), &vals[i]),
-                value: &vals[i],
+                value: &parts[i],
                 relocate: false,
             })
             .collect();
@@ -1617,12 +1584,13 @@ mod tests {
                         .iter()
                         .map(|&i| value(i, 1 + ((i * 7919) % (200 << 10)) as usize))
                         .collect();
+                    let parts: Vec<[&[u8]; 1]> = vals.iter().map(|v| [v.as_slice()]).collect();
                     let items: Vec<WriteItem> = (0..ids.len())
                         .map(|j| WriteItem {
                             key: &keys[j],
                             version: v(ids[j]),
                             checksum: checksum::checksum(v(ids[j]).seed(), &vals[j]),
-                            value: &vals[j],
+                            value: &parts[j],
                             relocate: false,
                         })
                         .collect();
@@ -1726,19 +1694,41 @@ mod tests {
     }
 
     #[test]
-    fn bytes_that_do_not_match_their_checksum_are_not_written() {
+    fn bytes_that_do_not_match_their_checksum_are_never_linked() {
         let dir = tempfile::tempdir().unwrap();
         let (d, _) = open(dir.path(), 8 * MIB);
         let val = value(1, 5000);
-        let item = WriteItem {
-            key: "k",
-            version: v(1),
-            checksum: checksum::checksum(v(2).seed(), &val),
-            value: &val,
-            relocate: false,
-        };
-        assert_eq!(d.write_batch(&[item]).unwrap(), vec![Written::BadChecksum]);
+        let good = value(2, 70_000);
+        let items = [
+            WriteItem {
+                key: "k",
+                version: v(1),
+                checksum: checksum::checksum(v(2).seed(), &val),
+                value: &[&val[..100], &val[100..]],
+                relocate: false,
+            },
+            WriteItem {
+                key: "after",
+                version: v(2),
+                checksum: checksum::checksum(v(2).seed(), &good),
+                value: &[&good[..3], &good[3..]],
+                relocate: false,
+            },
+        ];
+        assert_eq!(
+            d.write_batch(&items).unwrap(),
+            vec![Written::BadChecksum, Written::Ok]
+        );
         assert!(d.lookup("k").is_none());
+        let mut back = vec![0u8; good.len()];
+        assert!(matches!(
+            d.read("after", Some(v(2)), &mut back).unwrap(),
+            ReadOutcome::Hit { .. }
+        ));
+        assert_eq!(
+            back, good,
+            "a record after a refused one is written and read whole"
+        );
         assert_eq!(put(&d, "big", 1, MIB as usize), Written::TooLarge);
     }
 
@@ -1871,6 +1861,54 @@ mod tests {
     }
 
     #[test]
+    fn an_eviction_named_first_erases_only_what_it_named_and_a_restart_keeps_it_until_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = 300_000;
+        {
+            let (d, _) = open(dir.path(), 2 * MIB);
+            for i in 0..6 {
+                assert_eq!(put(&d, &format!("k{i}"), i, rec), Written::Ok, "k{i}");
+            }
+            assert_eq!(put(&d, "k6", 6, rec), Written::Full);
+            assert!(get(&d, "k0").is_some());
+            let (b, mut named) = d.eviction_candidate().unwrap();
+            named.sort_by(|x, y| x.key.cmp(&y.key));
+            let keys: Vec<&str> = named.iter().map(|x| x.key.as_str()).collect();
+            assert_eq!(keys, ["k3", "k4", "k5"]);
+            assert_eq!(named[0].version, v(3));
+            // Named, not yet evicted (the caller tells metad first): everything still reads,
+            // and a kill here leaves the records for the restart.
+            assert_eq!(get(&d, "k4"), Some(value(4, rec)));
+            drop(d);
+            let (d, _) = open(dir.path(), 2 * MIB);
+            assert_eq!(
+                get(&d, "k4"),
+                Some(value(4, rec)),
+                "not erased before evict"
+            );
+            let mut gone: Vec<String> = d.evict(b).unwrap().into_iter().map(|x| x.key).collect();
+            gone.sort();
+            assert_eq!(gone, ["k3", "k4", "k5"]);
+            assert!(
+                d.evict(b).unwrap().is_empty(),
+                "a freed bucket is left alone"
+            );
+            assert_eq!(put(&d, "k6", 6, rec), Written::Ok);
+            assert!(
+                d.evict(b).unwrap().is_empty(),
+                "a reopened bucket is left alone"
+            );
+            assert_eq!(get(&d, "k6"), Some(value(6, rec)));
+        }
+        let (d, _) = open(dir.path(), 2 * MIB);
+        assert!(
+            d.lookup("k3").is_none(),
+            "evicted records stay evicted across a restart"
+        );
+        assert_eq!(get(&d, "k6"), Some(value(6, rec)));
+    }
+
+    #[test]
     fn compaction_frees_a_sparse_bucket_and_reads_find_the_moved_records() {
         let dir = tempfile::tempdir().unwrap();
         let (d, _) = open(dir.path(), 4 * MIB);
@@ -1920,7 +1958,7 @@ mod tests {
             key: "x",
             version: v(1),
             checksum: checksum::checksum(v(1).seed(), &val),
-            value: &val,
+            value: &[&val],
             relocate: false,
         }])
     }
