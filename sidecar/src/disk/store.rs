@@ -5,8 +5,9 @@
 //! I/O is `O_DIRECT` where the file system allows it (measured on this project's machines:
 //! sequential writes 1.5 GB/s direct against 0.31 GB/s buffered with `fdatasync`, cold reads
 //! 1.7 against 1.6 GB/s, and no second copy of every object in the page cache; docs/ssd.md),
-//! buffered with `fdatasync` elsewhere. Writes pass through page-aligned buffers of
-//! [`IO_CHUNK`] bytes at most. A read of a value on a block boundary (64 KiB and more) lands
+//! buffered with `fdatasync` elsewhere. Writes pass through pooled page-aligned pieces of
+//! [`append::PIECE`] bytes, values copied into them from where they lie and hashed there
+//! ([`super::append`]). A read of a value on a block boundary (64 KiB and more) lands
 //! straight in the destination where that is aligned (a registered buffer), else through
 //! the read buffer's slots, in pieces of [`direct::PIECE`]: a helper thread reads the next
 //! piece while the caller hashes the one before (`examples/disk_read_speed.rs` measures it).
@@ -32,7 +33,7 @@ use super::layout::{Entry, Layout, NoRoom, Usage};
 use super::DiskSpec;
 use crate::error::{Error, Result};
 
-/// Largest single read or write, and the size of the aligned buffers bytes pass through.
+/// Largest single read, and the size of the aligned buffers reads and scans pass through.
 pub const IO_CHUNK: usize = 8 << 20;
 /// A read buffer: room for a record's head, one block and two pieces of a pipelined read.
 const READ_BUF: usize = HEAD_ROOM + BLOCK as usize + 2 * direct::PIECE;
