@@ -277,6 +277,26 @@ fn unregister_live(run_id: &str) {
     }
 }
 
+/// Set by the signal handler before it cleans up: the process's exit is then its decision.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether a SIGINT/SIGTERM arrived (its handler is removing the live runs and will exit the
+/// process with 128+signal).
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// What a program's `main` returns through: after a signal the handler decides the exit
+/// status (128+signal, once the namespaces and directories are gone), so a `main` that
+/// finished meanwhile — its run failing because its namespaces were going away under it —
+/// waits for the handler's exit instead of exiting 1 before the cleanup is done.
+pub fn exit_after_cleanup(code: std::process::ExitCode) -> std::process::ExitCode {
+    while interrupted() {
+        std::thread::park_timeout(std::time::Duration::from_secs(1));
+    }
+    code
+}
+
 /// Installs (once per process) a SIGINT/SIGTERM handler that removes every live run's
 /// namespaces and directories, then exits with 128+signal. Daemons die with their namespaces
 /// (and by their parent-death signal).
@@ -291,6 +311,7 @@ pub fn install_signal_cleanup() -> Result<()> {
                 .name("chaos-signal-cleanup".into())
                 .spawn(move || {
                     if let Some(sig) = signals.forever().next() {
+                        INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
                         eprintln!("regolith-chaos: signal {sig}: removing namespaces and exiting");
                         cleanup_all_live();
                         std::process::exit(128 + sig);

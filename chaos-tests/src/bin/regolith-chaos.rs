@@ -64,6 +64,13 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
+    // A panic of the run after a signal (its namespaces removed under it) waits for the
+    // signal handler's exit too.
+    let code = std::panic::catch_unwind(run_main).unwrap_or(ExitCode::from(101));
+    regolith_chaos::netns::exit_after_cleanup(code)
+}
+
+fn run_main() -> ExitCode {
     let args = Args::parse();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
