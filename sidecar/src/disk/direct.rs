@@ -1,7 +1,7 @@
 //! The I/O primitives of [`super::store`] for reads from a record on disk into memory the
 //! tier does not own (a client's buffer, a peer's slice): aligned buffers, vectored reads that
 //! land in that memory straight where `O_DIRECT` allows it, and a two-stage pipeline that
-//! runs the reads of pieces on helper threads (two in flight) while the caller hashes others.
+//! runs the read of one piece on a helper thread while the caller hashes another.
 //!
 //! Why: a disk read of a large value used to read it into a bounce buffer, copy it out, then
 //! hash it, one step after the other (the device idle while the CPU worked, and the CPU idle

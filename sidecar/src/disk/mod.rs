@@ -4,7 +4,7 @@
 //! * [`append`] — the write side: records laid into aligned pieces (values copied from their
 //!   extents and hashed in cache) while a helper thread writes the piece before.
 //! * [`direct`] — aligned buffers, vectored `O_DIRECT` reads, and the two-stage
-//!   pipeline that reads pieces of a value (two in flight) while the caller hashes others.
+//!   pipeline that reads one piece of a value while the caller hashes the one before.
 //! * [`format`] — the on-disk format: label, bucket headers, records (pure encoding).
 //! * [`layout`] — where records lie, sans-I/O: buckets, epochs, the key map, space, the
 //!   disk's LRU and compaction candidates.

@@ -9,8 +9,8 @@
 //! [`append::PIECE`] bytes, values copied into them from where they lie and hashed there
 //! ([`super::append`]). A read of a value on a block boundary (64 KiB and more) lands
 //! straight in the destination where that is aligned (a registered buffer), else through
-//! the read buffer's slots, in pieces of [`direct::PIECE`]: two helper threads read the next
-//! pieces while the caller hashes those before (`examples/disk_read_speed.rs` measures it).
+//! the read buffer's slots, in pieces of [`direct::PIECE`]: a helper thread reads the next
+//! piece while the caller hashes the one before (`examples/disk_read_speed.rs` measures it).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -769,9 +769,9 @@ impl Disk {
     /// Reads a record's head (`head_len` bytes from `pos`, into the start of `buf`) and its
     /// block-aligned value (into `dst`, hashed into `hashes`) in pieces of [`direct::PIECE`]:
     /// straight into `dst` where `O_DIRECT` allows it (`dst` aligned; the last partial block
-    /// through `buf`), else through slots of `buf` with a fused copy and hash; two helper
-    /// threads read the next pieces while this one hashes those read. The bytes hashed are the
-    /// bytes delivered.
+    /// through `buf`), else through slots of `buf` with a fused copy and hash; a helper thread
+    /// reads the next piece while this one hashes the last. The bytes hashed are the bytes
+    /// delivered.
     #[allow(clippy::too_many_arguments)]
     fn read_value(
         &self,
