@@ -96,20 +96,19 @@ pub fn preadv_exact(file: &File, mut bufs: &mut [IoSliceMut<'_>], mut pos: u64) 
     Ok(())
 }
 
-/// Runs jobs through two stages: `io` on `helpers` helper threads, then `done` on the caller,
-/// with at most `depth` jobs handed to the helpers and not yet done. With one helper `done`
-/// sees the jobs in order; with more, as their `io` finishes (several reads in flight). Jobs
+/// Runs jobs through two stages: `io` on a helper thread (in order), then `done` on the
+/// caller (in order), with at most `depth` jobs handed to the helper and not yet done. Jobs
 /// are drawn from `next` only when fewer than `depth` are out, so a job may take a buffer
 /// that `done` gives back. The first error stops it (jobs already out are dropped).
-/// `helpers` 0 runs both stages on the caller, one job after the other.
+/// `threaded` false runs both stages on the caller, one job after the other.
 pub fn pipeline<J: Send>(
-    helpers: usize,
+    threaded: bool,
     depth: usize,
     mut next: impl FnMut() -> io::Result<Option<J>>,
     io: impl Fn(&mut J) -> io::Result<()> + Sync,
     mut done: impl FnMut(J) -> io::Result<()>,
 ) -> io::Result<()> {
-    if helpers == 0 {
+    if !threaded {
         while let Some(mut j) = next()? {
             io(&mut j)?;
             done(j)?;
@@ -117,30 +116,20 @@ pub fn pipeline<J: Send>(
         return Ok(());
     }
     let io = &io;
-    let (to_io, jobs) = mpsc::channel::<J>();
-    let jobs = Mutex::new(jobs);
-    let jobs = &jobs;
-    let (back, finished) = mpsc::channel::<io::Result<J>>();
-    // `to_io` moves into the scope's closure: dropped when it returns (error or not), which
-    // ends the helpers waiting for a job, before the scope joins them.
-    std::thread::scope(move |s| {
-        for _ in 0..helpers {
-            let back = back.clone();
-            s.spawn(move || loop {
-                // One helper waits for the next job at a time; the others wait for the lock.
-                let next = jobs.lock().recv();
-                let Ok(mut j) = next else { return };
+    std::thread::scope(|s| {
+        let (to_io, jobs) = mpsc::channel::<J>();
+        let (back, finished) = mpsc::channel::<io::Result<J>>();
+        s.spawn(move || {
+            for mut j in jobs {
                 let r = io(&mut j).map(|()| j);
                 let stop = r.is_err();
                 if back.send(r).is_err() || stop {
                     return;
                 }
-            });
-        }
-        drop(back);
-        // A helper stops after sending back its error, the others once `to_io` is dropped: a
-        // receive that finds them all gone answers that error, not their absence (the jobs
-        // before it are dropped).
+            }
+        });
+        // The helper stops after sending back its error: a send or a receive that finds it
+        // gone answers that error, not the helper's absence (the jobs before it are dropped).
         let gone = |finished: &mpsc::Receiver<io::Result<J>>| {
             finished
                 .iter()
@@ -192,11 +181,11 @@ mod tests {
 
     #[test]
     fn a_pipeline_runs_every_job_through_both_stages_in_order() {
-        for helpers in [0, 1] {
+        for threaded in [false, true] {
             let mut n = 0u32;
             let mut seen = Vec::new();
             pipeline(
-                helpers,
+                threaded,
                 3,
                 || {
                     n += 1;
@@ -213,53 +202,16 @@ mod tests {
             )
             .unwrap();
             let want: Vec<(u32, u32)> = (1..=10).map(|i| (i, i * 2)).collect();
-            assert_eq!(seen, want, "helpers {helpers}");
+            assert_eq!(seen, want, "threaded {threaded}");
         }
     }
 
     #[test]
-    fn a_pipeline_with_two_helpers_runs_every_job_through_both_stages_once() {
-        let mut n = 0u32;
-        let mut seen = Vec::new();
-        let in_io = std::sync::atomic::AtomicUsize::new(0);
-        let most = std::sync::atomic::AtomicUsize::new(0);
-        pipeline(
-            2,
-            3,
-            || {
-                n += 1;
-                Ok((n <= 40).then_some((n, 0u32)))
-            },
-            |j| {
-                let now = in_io.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
-                std::thread::sleep(std::time::Duration::from_millis(2));
-                in_io.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                j.1 = j.0 * 2;
-                Ok(())
-            },
-            |j| {
-                seen.push(j);
-                Ok(())
-            },
-        )
-        .unwrap();
-        seen.sort();
-        let want: Vec<(u32, u32)> = (1..=40).map(|i| (i, i * 2)).collect();
-        assert_eq!(seen, want);
-        assert_eq!(
-            most.load(std::sync::atomic::Ordering::SeqCst),
-            2,
-            "two jobs in flight"
-        );
-    }
-
-    #[test]
     fn a_pipeline_stops_at_the_first_error_of_either_stage() {
-        for helpers in [0, 1, 2] {
+        for threaded in [false, true] {
             let mut n = 0u32;
             let r = pipeline(
-                helpers,
+                threaded,
                 2,
                 || {
                     n += 1;
@@ -274,10 +226,10 @@ mod tests {
                 },
                 |_| Ok(()),
             );
-            assert_eq!(r.unwrap_err().to_string(), "io 5", "helpers {helpers}");
+            assert_eq!(r.unwrap_err().to_string(), "io 5", "threaded {threaded}");
             let mut done = 0;
             let r = pipeline(
-                helpers,
+                threaded,
                 2,
                 || Ok(Some(())),
                 |_| Ok(()),

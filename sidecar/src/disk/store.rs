@@ -35,8 +35,6 @@ use crate::error::{Error, Result};
 
 /// Largest single read, and the size of the aligned buffers reads and scans pass through.
 pub const IO_CHUNK: usize = 8 << 20;
-/// Helper threads reading the pieces of one large value (reads in flight at once).
-const READ_HELPERS: usize = 2;
 /// A read buffer: room for a record's head, one block and two pieces of a pipelined read.
 const READ_BUF: usize = HEAD_ROOM + BLOCK as usize + 2 * direct::PIECE;
 /// Bucket size of a new disk when not given: an eighth of the capacity, within these bounds.
@@ -794,20 +792,13 @@ impl Disk {
                 .filter(|s| s.len() == direct::PIECE)
                 .collect(),
         );
-        // Two helpers keep two reads in flight (this VM's disk reads faster with more in
-        // flight); reads straight into `dst` need no slot, so one more may wait to be hashed.
-        let helpers = if threaded { READ_HELPERS } else { 0 };
-        let depth = if in_place {
-            READ_HELPERS + 1
-        } else {
-            free.borrow().len().min(3)
-        };
+        let depth = free.borrow().len().min(3);
         let value_len = dst.len();
         let mut pieces = dst.chunks_mut(direct::PIECE).enumerate();
         let mut head = Some(&mut head[..head_len]);
         let mut tail_block = Some(tail_block);
         direct::pipeline(
-            helpers,
+            threaded,
             depth,
             || {
                 let Some((i, d)) = pieces.next() else {
