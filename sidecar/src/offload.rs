@@ -47,7 +47,7 @@ impl Orders {
 }
 
 /// What one round of the disk tier did.
-#[derive(Clone, Default)]
+#[derive(Default)]
 struct Done {
     moved: Vec<mpb::DiskItem>,
     copied: Vec<mpb::DiskItem>,
@@ -363,22 +363,14 @@ fn copy_batch(side: &Sidecar, disk: &Disk, n: u32, orders: &[mpb::OffloadOrder],
 /// never a listed disk replica that is gone, which the restart could not account for.
 /// Answers whether room was made; on false nothing was evicted.
 fn make_room(side: &Sidecar, disk: &Disk, done: &mut Done) -> bool {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        // No runtime (a test driving the disk alone): nobody to tell first.
-        return match disk.evict_lru() {
-            Ok(d) if !d.is_empty() => {
-                done.dropped.extend(d);
-                true
-            }
-            _ => false,
-        };
-    };
     let Some((bucket, victims)) = disk.eviction_candidate() else {
         return false;
     };
-    let mut round = done.clone();
-    round.dropped.extend(victims.iter().cloned());
-    match rt.block_on(send_report(side, round)) {
+    let told = match tokio::runtime::Handle::try_current() {
+        Ok(rt) => rt.block_on(send_report(side, done, &victims)),
+        Err(_) => Err("no runtime to report from".to_string()),
+    };
+    match told {
         Ok(more) => {
             *done = Done::default();
             if !more.is_empty() {
@@ -418,25 +410,28 @@ async fn report(side: &Sidecar, done: Done, poll: bool) -> Orders {
     if !poll && done.is_empty() {
         return Orders::default();
     }
-    let dropped = done.dropped.clone();
-    let moved = done.moved.len();
-    match send_report(side, done).await {
+    match send_report(side, &done, &[]).await {
         Ok(orders) => orders,
         Err(e) => {
             // Whether the moves were committed is unknown: the records stay (metad is the
             // truth; a record it does not list is deleted at the next inventory, or leaves
             // with its bucket). Drops go with the next report: metad would otherwise list
             // the dropped replicas, and send gets to them, until the node restarts.
-            tracing::warn!(error = %e, moved, dropped = dropped.len(), "disk report failed");
-            side.disks.unreported(dropped);
+            tracing::warn!(error = %e, moved = done.moved.len(), dropped = done.dropped.len(), "disk report failed");
+            side.disks.unreported(done.dropped);
             Orders::default()
         }
     }
 }
 
-/// [`report`], retried a few times; on success the records whose move metad did not commit
-/// are deleted. Fails with the last attempt's error.
-async fn send_report(side: &Sidecar, done: Done) -> Result<Orders, String> {
+/// [`report`] of `done` and of `also_dropped` after its drops, retried a few times; on success
+/// the records whose move metad did not commit are deleted. Fails with the last attempt's
+/// error.
+async fn send_report(
+    side: &Sidecar,
+    done: &Done,
+    also_dropped: &[Dropped],
+) -> Result<Orders, String> {
     let req = mpb::DiskReportRequest {
         node_id: side.node_id(),
         generation: side.store.tracker.generation(),
@@ -444,10 +439,11 @@ async fn send_report(side: &Sidecar, done: Done) -> Result<Orders, String> {
         copied: done.copied.clone(),
         promoted: done.promoted.clone(),
         promote_failed: done.promote_failed.clone(),
-        failed: done.failed,
+        failed: done.failed.clone(),
         dropped: done
             .dropped
             .iter()
+            .chain(also_dropped)
             .map(|d| item(&d.key, d.version, 0))
             .collect(),
         ..Default::default()

@@ -61,11 +61,15 @@ pub fn with_appender<T>(
     threaded: bool,
     body: impl FnOnce(&mut Appender<'_>) -> io::Result<T>,
 ) -> io::Result<(T, u64)> {
-    if !threaded {
-        let mut a = Appender::new(pool, None);
+    let run = |pool: &mut Vec<AlignedBuf>, helper: Option<Helper>| {
+        let mut a = Appender::new(pool, helper);
         let r = body(&mut a).and_then(|t| a.finish().map(|n| (t, n)));
+        // Dropping the sender ends the helper (the scope joins it).
         a.release();
-        return r;
+        r
+    };
+    if !threaded {
+        return run(pool, None);
     }
     std::thread::scope(|s| {
         let (to_io, jobs) = mpsc::channel::<Piece>();
@@ -87,11 +91,7 @@ pub fn with_appender<T>(
             back,
             out: 0,
         };
-        let mut a = Appender::new(pool, Some(helper));
-        let r = body(&mut a).and_then(|t| a.finish().map(|n| (t, n)));
-        // Dropping the sender ends the helper; the scope joins it.
-        a.release();
-        r
+        run(pool, Some(helper))
     })
 }
 
